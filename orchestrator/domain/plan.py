@@ -1,0 +1,141 @@
+"""What the planner returns: typed actions and one explainable decision per policy per tick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from orchestrator.domain.offerings import Offering
+from orchestrator.domain.snapshot import PolicyMemory
+
+
+class Rule(StrEnum):
+    """The rule that decided a policy's tick (one per decision)."""
+
+    PAUSED = "paused"  # bursting is paused for the pool
+    NO_DEMAND = "no-demand"  # nothing pending beyond what on-prem and burst nodes absorb
+    TRIGGER_NOT_MET = "trigger-not-met"  # demand exists but below the trigger thresholds
+    SUSTAINING = "sustaining"  # trigger holds but not yet for sustained_for
+    COVERED = "covered"  # demand is already answered by nodes booting or free
+    COOLDOWN = "cooldown"  # scale-up cooldown after the last launch
+    SCALE_UP = "scale-up"  # nodes launched for unmet demand
+    LIMITED = "limited"  # demand exists but limits allow no launch
+    NO_OFFERING = "no-offering"  # no usable offering fits the demand
+    MIN_NODES = "min-nodes"  # launches to keep min_nodes
+
+
+class ActionReason(StrEnum):
+    """Why an action was emitted."""
+
+    DEMAND = "demand"  # unmet pending GPU demand
+    MIN_NODES = "min-nodes"  # keeping the policy's min_nodes
+    IDLE = "idle"  # ran nothing for scale_down.idle_for
+    DRAINED = "drained"  # drain finished: node released by the fabric
+    DRAIN_DEADLINE = "drain-deadline"  # drain grace expired
+    OVER_LIMIT = "over-limit"  # more nodes than max_nodes (policy lowered)
+    LAUNCH_TIMEOUT = "launch-timeout"
+    BOOT_TIMEOUT = "boot-timeout"
+    JOIN_TIMEOUT = "join-timeout"
+    HEARTBEAT_LOST = "heartbeat-lost"
+    TERMINATE_RETRY = "terminate-retry"
+    FAILED = "failed"  # node failed; its instance must go
+    LEAKED = "leaked"  # an owned instance with no live node record
+    RETRY_LAUNCH = "retry-launch"  # re-issue a launch whose outcome was never recorded
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Launch one node of ``offering``; ``request_id`` is the provider idempotency token."""
+
+    policy: str
+    pool: str
+    node_id: str
+    request_id: str
+    offering: Offering
+    reason: ActionReason
+    project: str | None = None
+    decision_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Stop giving the node work; release it by ``deadline``."""
+
+    node_id: str
+    reason: ActionReason
+    deadline: datetime
+    decision_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    """Terminate the node's instance. ``instance_id`` alone (no node) terminates a leak."""
+
+    node_id: str | None
+    reason: ActionReason
+    instance_id: str | None = None
+    provider: str | None = None
+    decision_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Nothing launched for the policy this tick, and why (kept for the record)."""
+
+    policy: str
+    reason: str
+
+
+Action = Launch | Drain | Terminate | Hold
+
+
+@dataclass(frozen=True, slots=True)
+class OfferingOption:
+    """An offering the planner weighed, with what it would cost and why it lost, if it did."""
+
+    offering_key: str
+    gpus: int
+    price_usd_hour: float
+    nodes: int
+    expected_cost_usd: float
+    rejected: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Why the planner did what it did for one policy in one tick."""
+
+    id: str
+    policy: str
+    at: datetime
+    rule: Rule
+    summary: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    options: tuple[OfferingOption, ...] = ()
+    chosen: str | None = None
+    held_back_by: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's output for one tick."""
+
+    at: datetime
+    actions: tuple[Action, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+    memory: dict[str, PolicyMemory] = field(default_factory=dict)
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [a for a in self.actions if isinstance(a, Launch)]
+
+    @property
+    def drains(self) -> list[Drain]:
+        return [a for a in self.actions if isinstance(a, Drain)]
+
+    @property
+    def terminates(self) -> list[Terminate]:
+        return [a for a in self.actions if isinstance(a, Terminate)]
