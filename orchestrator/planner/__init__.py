@@ -1,0 +1,249 @@
+"""The planner: ``plan(snapshot, policies, now) -> Plan``, pure, deterministic and explainable.
+
+It reads only its arguments: no store, no provider, no clock, no randomness. Ids it hands out
+(decision, node, request) are derived from the policy name and ``now``, so planning the same
+tick twice yields the same actions and the executor's idempotency makes the repeat harmless.
+
+Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); absorption of pending
+jobs into on-prem and existing burst capacity (:mod:`.demand`); the trigger with its
+``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`).
+Exactly one :class:`Decision` records the rule that decided the tick, the inputs that mattered,
+the offerings weighed with their expected cost, and which limits held launches back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from datetime import datetime
+
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.plan import (
+    Action,
+    ActionReason,
+    Decision,
+    Hold,
+    Launch,
+    OfferingOption,
+    Plan,
+    Rule,
+)
+from orchestrator.domain.snapshot import PolicyMemory, Snapshot
+from orchestrator.planner.demand import Demand, absorb, oldest_wait_s
+from orchestrator.planner.offerings import Candidate, resolve_candidates
+from orchestrator.planner.scaledown import plan_scale_down
+from orchestrator.planner.scaleup import Grant, grant_nodes, pool_budget, price_options
+from orchestrator.policy.models import Policy, TriggerCombine
+
+__all__ = ["plan"]
+
+
+def plan(snapshot: Snapshot, policies: Iterable[Policy], now: datetime) -> Plan:
+    """Decide this tick's actions for every policy."""
+    actions: list[Action] = []
+    decisions: list[Decision] = []
+    memory: dict[str, PolicyMemory] = {}
+    for policy in policies:
+        policy_actions, decision, policy_memory = _plan_policy(snapshot, policy, now)
+        actions.extend(policy_actions)
+        decisions.append(decision)
+        memory[policy.name] = policy_memory
+    return Plan(at=now, actions=tuple(actions), decisions=tuple(decisions), memory=memory)
+
+
+def decision_id(policy: str, now: datetime) -> str:
+    return "d-" + hashlib.sha256(f"{policy}|{now.isoformat()}".encode()).hexdigest()[:12]
+
+
+def _child_id(prefix: str, parent: str, index: int) -> str:
+    return prefix + hashlib.sha256(f"{parent}|{index}".encode()).hexdigest()[:12]
+
+
+def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[list[Action], Decision, PolicyMemory]:
+    did = decision_id(policy.name, now)
+    pool = policy.pool.name
+    nodes = [n for n in snapshot.nodes if n.policy == policy.name and not n.state.is_terminal]
+    memory = snapshot.memory.get(policy.name, PolicyMemory())
+    queue = snapshot.queues.get(pool)
+    demand = absorb(queue, nodes, policy)
+
+    actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did))
+    if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
+        memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
+
+    beyond = demand.beyond_onprem
+    fired, trigger_text = _trigger(policy, beyond, now)
+    trigger_since = (memory.trigger_since or now) if fired else None
+    held_for = (now - trigger_since).total_seconds() if trigger_since else 0.0
+    inputs = _inputs(policy, demand, nodes, queue is not None, beyond, now, trigger_text, held_for)
+
+    candidates, rejected = resolve_candidates(policy, snapshot.offerings, snapshot.capacity_blocks, now)
+    rule, summary, options, chosen, held_back = Rule.NO_DEMAND, "", list(rejected), None, ()
+    launches: list[Launch] = []
+    # Priced alternatives are recorded whenever there is demand, even when nothing launches, so
+    # "why did it not burst" can be answered with the money involved.
+    ranked = _rank(candidates, options, demand.unmet) if candidates else []
+
+    min_missing = policy.limits.min_nodes - sum(
+        1 for n in nodes if n.state.in_flight or n.state is NodeState.READY
+    )
+    if pool in snapshot.paused_pools:
+        rule, summary = Rule.PAUSED, f"bursting for pool {pool} is paused"
+        trigger_since = None
+    elif min_missing > 0 and candidates:
+        budget = pool_budget(policy, nodes, candidates)
+        grants = []
+        for _ in range(min_missing):
+            if budget.blocker(ranked[0]) is not None:
+                held_back = (budget.blocker(ranked[0]) or "",)
+                break
+            budget.take(ranked[0])
+            grants.append(Grant(ranked[0], "-"))
+        launches = _launches(policy, grants, did, ActionReason.MIN_NODES)
+        rule, chosen = Rule.MIN_NODES, ranked[0].offering.key
+        summary = f"launching {len(launches)} node(s) to keep min_nodes={policy.limits.min_nodes}"
+    elif not demand.unmet:
+        if demand.burst_absorbed:
+            rule = Rule.COVERED
+            summary = (f"{sum(j.gpus for j in demand.burst_absorbed)} pending GPU(s) fit on burst "
+                       "nodes already ready or booting")
+        else:
+            summary = ("nothing pending" if not demand.ordered
+                       else "all pending work fits on free on-prem GPUs")
+    elif not fired:
+        rule = Rule.TRIGGER_NOT_MET
+        summary = f"{demand.unmet_gpus} unmet GPU(s), but {trigger_text}"
+    elif held_for < policy.trigger.sustained_for.total_seconds():
+        rule = Rule.SUSTAINING
+        summary = (f"trigger holds ({trigger_text}) for {held_for:.0f}s of the "
+                   f"{policy.trigger.sustained_for.total_seconds():.0f}s required")
+    elif (memory.last_launch_at is not None
+          and now - memory.last_launch_at < policy.cooldowns.scale_up):
+        rule = Rule.COOLDOWN
+        wait = policy.cooldowns.scale_up - (now - memory.last_launch_at)
+        summary = f"{demand.unmet_gpus} unmet GPU(s); scale-up cooldown for {wait.total_seconds():.0f}s more"
+    elif not candidates:
+        rule = Rule.NO_OFFERING
+        summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
+    else:
+        budget = pool_budget(policy, nodes, candidates)
+        held = _held_gpus(nodes)
+        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held)
+        held_back = tuple(held_list)
+        launches = _launches(policy, grants, did, ActionReason.DEMAND)
+        chosen = ranked[0].offering.key
+        if launches:
+            rule = Rule.SCALE_UP
+            kinds = sorted({lc.offering.key for lc in launches})
+            summary = (f"launching {len(launches)} node(s) ({', '.join(kinds)}) for "
+                       f"{demand.unmet_gpus} unmet GPU(s) of {_projects(demand)}; trigger: {trigger_text}")
+            if held_back:
+                summary += f"; held back by {', '.join(held_back)}"
+        else:
+            rule = Rule.LIMITED
+            summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
+
+    actions = list(launches) + actions
+    if launches:
+        memory = PolicyMemory(trigger_since, now, memory.last_drain_at)
+    else:
+        memory = PolicyMemory(trigger_since, memory.last_launch_at, memory.last_drain_at)
+    if not launches and demand.unmet:
+        actions.append(Hold(policy.name, summary))
+    decision = Decision(
+        id=did,
+        policy=policy.name,
+        at=now,
+        rule=rule,
+        summary=summary,
+        inputs=inputs,
+        options=tuple(options),
+        chosen=chosen if launches else None,
+        held_back_by=held_back,
+        actions=tuple(_describe(a) for a in actions),
+    )
+    return actions, decision, memory
+
+
+def _trigger(policy: Policy, beyond: tuple, now: datetime) -> tuple[bool, str]:
+    trigger = policy.trigger
+    gpus = sum(j.gpus for j in beyond)
+    wait = oldest_wait_s(beyond, now)
+    by_gpus = gpus > trigger.pending_gpus_above
+    by_wait = bool(beyond) and wait > trigger.oldest_wait_above.total_seconds()
+    fired = (by_gpus or by_wait) if trigger.combine is TriggerCombine.ANY else (by_gpus and by_wait)
+    text = (f"pending GPUs beyond on-prem {gpus} {'>' if by_gpus else '<='} "
+            f"{trigger.pending_gpus_above} {trigger.combine} oldest wait {wait:.0f}s "
+            f"{'>' if by_wait else '<='} {trigger.oldest_wait_above.total_seconds():.0f}s")
+    return fired, text
+
+
+def _rank(candidates: list[Candidate], options: list[OfferingOption], unmet: tuple) -> list[Candidate]:
+    priced = price_options(unmet, candidates) if unmet else price_options((), candidates)
+    options.extend(priced)
+    order = {o.offering_key: i for i, o in enumerate(priced)}
+    if not unmet:  # nothing to pack: rank by hourly price
+        return sorted(candidates, key=lambda c: (c.offering.price_usd_hour, c.offering.key))
+    return sorted(candidates, key=lambda c: order[c.offering.key])
+
+
+def _held_gpus(nodes: list[Node]) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for n in nodes:
+        if n.project and n.state.counts_toward_limits:
+            held[n.project] = held.get(n.project, 0) + n.gpus
+    return held
+
+
+def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReason) -> list[Launch]:
+    launches = []
+    for index, grant in enumerate(grants):
+        node_id = f"{policy.name}-" + _child_id("", did, index)[:10]
+        launches.append(Launch(
+            policy=policy.name,
+            pool=policy.pool.name,
+            node_id=node_id,
+            request_id=_child_id("r-", did, index),
+            offering=grant.candidate.offering,
+            reason=reason,
+            project=None if grant.project == "-" else grant.project,
+            decision_id=did,
+        ))
+    return launches
+
+
+def _projects(demand: Demand) -> str:
+    return ", ".join(sorted({j.project for j in demand.unmet}))
+
+
+def _inputs(policy: Policy, demand: Demand, nodes: list[Node], observed: bool, beyond: tuple,
+            now: datetime, trigger_text: str, held_for: float) -> dict:
+    per_project: dict[str, int] = {}
+    for job in demand.unmet:
+        per_project[job.project] = per_project.get(job.project, 0) + job.gpus
+    by_state: dict[str, int] = {}
+    for n in nodes:
+        by_state[str(n.state)] = by_state.get(str(n.state), 0) + 1
+    return {
+        "queue_observed": observed,
+        "pending_jobs": len(demand.ordered),
+        "pending_gpus": demand.pending_gpus,
+        "pending_gpus_beyond_onprem": sum(j.gpus for j in beyond),
+        "oldest_wait_s": round(oldest_wait_s(beyond, now), 1),
+        "absorbed_onprem_gpus": sum(j.gpus for j in demand.onprem_absorbed),
+        "absorbed_burst_gpus": sum(j.gpus for j in demand.burst_absorbed),
+        "unmet_gpus": demand.unmet_gpus,
+        "unmet_gpus_by_project": per_project,
+        "trigger": trigger_text,
+        "trigger_held_s": round(held_for, 1),
+        "nodes_by_state": by_state,
+        "spend_usd_hour": round(sum(n.price_usd_hour for n in nodes if n.state.counts_toward_limits), 4),
+    }
+
+
+def _describe(action: Action) -> str:
+    if isinstance(action, Launch):
+        return f"launch {action.node_id} {action.offering.key} for {action.project or '-'} ({action.reason})"
+    if isinstance(action, Hold):
+        return "hold"
+    return f"{type(action).__name__.lower()} {getattr(action, 'node_id', None)} ({action.reason})"

@@ -1,0 +1,136 @@
+"""Candidate offerings for a policy, and what serving a demand with each would take and cost.
+
+A policy names offerings; the provider catalogue in the snapshot supplies GPUs and prices the
+policy leaves out (the policy's values win). A spot offering with ``fallback_on_demand`` also
+yields its on-demand twin. Offerings in the negative-capacity cache are rejected with the reason,
+so the decision record shows why an obvious choice was not taken.
+
+Packing is first-fit-decreasing on a histogram of job widths, so its cost grows with the number of
+distinct widths, not the number of jobs: the planner must stay fast on 100k pending jobs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+
+from orchestrator.domain.offerings import Offering, offering_key
+from orchestrator.domain.plan import OfferingOption
+from orchestrator.domain.snapshot import CapacityBlock
+from orchestrator.policy.models import Market, OfferingSpec, Policy
+
+DEFAULT_JOB_HOURS = 1.0  # assumed runtime of a job with no time limit, for cost estimates
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A usable offering with the per-offering node cap from the policy (None: no cap)."""
+
+    offering: Offering
+    max_nodes: int | None
+
+
+def resolve_candidates(
+    policy: Policy,
+    catalogue: tuple[Offering, ...],
+    blocks: tuple[CapacityBlock, ...],
+    now: datetime,
+) -> tuple[list[Candidate], list[OfferingOption]]:
+    """Usable candidates, and rejected options with their reasons (for the decision record)."""
+    by_key = {o.key: o for o in catalogue}
+    blocked = {b.offering_key: b for b in blocks if b.until > now}
+    usable: list[Candidate] = []
+    rejected: list[OfferingOption] = []
+    for spec in policy.offerings:
+        markets = [spec.market]
+        if spec.market is Market.SPOT and spec.fallback_on_demand:
+            markets.append(Market.ON_DEMAND)
+        for market in markets:
+            key = offering_key(spec.provider, spec.region, spec.zone, spec.instance_type, market)
+            offering = _resolve(spec, market, by_key.get(key))
+            if offering is None:
+                rejected.append(OfferingOption(key, spec.gpus or 0, 0.0, 0, 0.0,
+                                               rejected="not in the provider catalogue, and the "
+                                               "policy gives no gpus/price for it"))
+                continue
+            block = blocked.get(key)
+            if block is not None:
+                rejected.append(OfferingOption(key, offering.gpus, offering.price_usd_hour, 0, 0.0,
+                                               rejected=f"capacity error, excluded until "
+                                               f"{block.until.isoformat()}: {block.reason}"))
+                continue
+            usable.append(Candidate(offering, spec.max_nodes))
+    return usable, rejected
+
+
+def _resolve(spec: OfferingSpec, market: Market, listed: Offering | None) -> Offering | None:
+    # The policy's gpus/price describe the offering as written; its on-demand twin takes the
+    # catalogue's price (a spot price must never be planned as the on-demand one).
+    own_market = market is spec.market
+    gpus = spec.gpus or (listed.gpus if listed else None)
+    price = (float(spec.price_usd_hour) if own_market and spec.price_usd_hour is not None
+             else listed.price_usd_hour if listed else None)
+    if gpus is None or price is None:
+        return None
+    return Offering(
+        provider=str(spec.provider),
+        region=spec.region,
+        zone=spec.zone,
+        instance_type=spec.instance_type,
+        market=market,
+        gpus=gpus,
+        price_usd_hour=price,
+        gpu_model=spec.gpu_model or (listed.gpu_model if listed else ""),
+        vcpus=listed.vcpus if listed else None,
+        memory_gib=listed.memory_gib if listed else None,
+        billing=listed.billing if listed else Offering.__dataclass_fields__["billing"].default,
+    )
+
+
+def nodes_needed(widths: Counter[int], node_gpus: int) -> int:
+    """Nodes of ``node_gpus`` GPUs needed for jobs of the given widths (FFD on a histogram)."""
+    nodes = 0
+    leftovers: Counter[int] = Counter()  # free GPUs -> number of partly used nodes
+    for width in sorted(widths, reverse=True):
+        count = widths[width]
+        if width >= node_gpus:
+            nodes += count * -(-width // node_gpus)
+            continue
+        # Fill partly used nodes first (largest leftover first), then open new ones.
+        for free in sorted(leftovers, reverse=True):
+            if count == 0 or free < width:
+                break
+            per_node = free // width
+            placeable = min(count, leftovers[free] * per_node)
+            full, last = divmod(placeable, per_node)
+            leftovers[free] -= full + (1 if last else 0)
+            if leftovers[free] == 0:
+                del leftovers[free]
+            if full and free - per_node * width:
+                leftovers[free - per_node * width] += full
+            if last:
+                leftovers[free - last * width] += 1
+            count -= placeable
+        if count:
+            per_node = node_gpus // width
+            new = -(-count // per_node)
+            nodes += new
+            full, last = divmod(count, per_node)
+            if node_gpus - per_node * width:
+                leftovers[node_gpus - per_node * width] += full
+            if last:
+                leftovers[node_gpus - last * width] += 1
+    return nodes
+
+
+def expected_hours(durations: list[float | None]) -> float:
+    """Expected runtime of the work (mean of known time limits; an hour when none is known)."""
+    known = [d for d in durations if d]
+    return (sum(known) / len(known) / 3600.0) if known else DEFAULT_JOB_HOURS
+
+
+def expected_cost(offering: Offering, nodes: int, hours: float) -> float:
+    """Nodes x price x billed hours (the provider's minimum billing applies)."""
+    billed_s = offering.billing.billed_seconds(hours * 3600.0)
+    return nodes * offering.price_usd_hour * billed_s / 3600.0

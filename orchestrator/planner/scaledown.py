@@ -1,0 +1,84 @@
+"""Scale-down: which nodes to drain, and which drains are over and may be terminated.
+
+Rules, in order:
+
+1. A draining node the fabric has released is terminated (``drained``).
+2. A draining node past its drain deadline is terminated (``drain-deadline``): the fabric had the
+   whole grace period to checkpoint and hand back its work.
+3. A ready node that has run nothing for ``scale_down.idle_for`` is drained, unless pending work
+   would fit on it, keeping it would be needed for ``limits.min_nodes``, or the pool launched
+   within ``cooldowns.scale_down`` (hysteresis: a node is not given up right after the pool
+   decided it needed more).
+4. Ready nodes beyond ``limits.max_nodes`` (the limit was lowered) are drained, idle ones first.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.plan import Action, ActionReason, Drain, Terminate
+from orchestrator.domain.snapshot import PolicyMemory
+from orchestrator.policy.models import Policy
+
+
+def plan_scale_down(
+    policy: Policy,
+    nodes: list[Node],
+    busy_nodes: frozenset[str],
+    memory: PolicyMemory,
+    now: datetime,
+    decision_id: str,
+) -> list[Action]:
+    actions: list[Action] = []
+    for node in nodes:
+        if node.state is not NodeState.DRAINING:
+            continue
+        if node.released:
+            actions.append(Terminate(node.id, ActionReason.DRAINED, decision_id=decision_id))
+        elif node.drain_deadline is not None and now >= node.drain_deadline:
+            actions.append(Terminate(node.id, ActionReason.DRAIN_DEADLINE, decision_id=decision_id))
+
+    ready = [n for n in nodes if n.state is NodeState.READY]
+    deadline = now + policy.scale_down.drain_grace
+    keep = policy.limits.min_nodes
+    in_cooldown = (
+        memory.last_launch_at is not None
+        and now - memory.last_launch_at < policy.cooldowns.scale_down
+    )
+    # Nodes that still count toward min_nodes: everything alive that is not leaving.
+    staying = [n for n in nodes if n.state.in_flight or n.state is NodeState.READY]
+    removable = len(staying) - keep
+    draining_now: set[str] = set()
+
+    idle = sorted(
+        (n for n in ready if _idle_long_enough(n, policy, now) and n.id not in busy_nodes),
+        key=lambda n: (n.idle_since, n.id),
+    )
+    if not in_cooldown:
+        for node in idle:
+            if removable <= 0:
+                break
+            actions.append(Drain(node.id, ActionReason.IDLE, deadline, decision_id=decision_id))
+            draining_now.add(node.id)
+            removable -= 1
+
+    alive = [n for n in nodes if n.state is not NodeState.TERMINATED]
+    excess = len(alive) - policy.limits.max_nodes
+    if excess > 0:
+        # Prefer idle nodes, then the least busy; never the ones already leaving.
+        order = sorted(
+            (n for n in ready if n.id not in draining_now),
+            key=lambda n: (n.running_jobs, n.gpus_busy, n.id),
+        )
+        for node in order[:excess]:
+            actions.append(Drain(node.id, ActionReason.OVER_LIMIT, deadline, decision_id=decision_id))
+    return actions
+
+
+def _idle_long_enough(node: Node, policy: Policy, now: datetime) -> bool:
+    return (
+        node.running_jobs == 0
+        and node.idle_since is not None
+        and now - node.idle_since >= policy.scale_down.idle_for
+    )
