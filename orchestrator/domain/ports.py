@@ -175,6 +175,10 @@ class Fabric(Protocol):
         """True once the node runs nothing that would lose progress if it went away."""
         ...
 
+    def node_gone(self, node: Node, at: datetime) -> int:
+        """The node failed or is being terminated: hand its work back; returns jobs requeued."""
+        ...
+
 
 class Clock(Protocol):
     """The only source of time for executors, reconcilers and loops (injected, never patched)."""

@@ -1,0 +1,33 @@
+"""The ``burst`` command line (typer + rich). Nothing imports this package."""
+
+from __future__ import annotations
+
+import typer
+
+from orchestrator.cli.decisions_cmd import decisions_command, explain_command
+from orchestrator.cli.demo_cmd import demo_command
+from orchestrator.cli.plan_cmd import plan_command
+from orchestrator.cli.policy_cmd import policy_app
+from orchestrator.cli.queue_cmd import status_command, submit_command
+from orchestrator.cli.run_cmd import agent_command, db_app, run_command
+
+app = typer.Typer(
+    help="burst: burst on-prem GPU training queues to the cloud when a policy says it pays.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(policy_app, name="policy")
+app.add_typer(db_app, name="db")
+app.command("plan")(plan_command)
+app.command("run")(run_command)
+app.command("submit")(submit_command)
+app.command("status")(status_command)
+app.command("decisions")(decisions_command)
+app.command("explain")(explain_command)
+app.command("demo")(demo_command)
+app.command("agent")(agent_command)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,81 @@
+"""Shared CLI plumbing: consoles, settings and policy loading with clean errors, JSON output."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from orchestrator.policy import Policy, PolicyError, load_policy
+from orchestrator.wiring import Settings
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policy" / "default.yaml"
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from BURST_* variables / BURST_SETTINGS_FILE, with CLI overrides on top."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"BURST_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        fail(f"bad settings: {problems}")
+    except (OSError, ValueError) as exc:
+        fail(f"bad settings file: {exc}")
+
+
+def load_policies(paths: list[Path] | None) -> list[Policy]:
+    """Load policy files (the shipped default when none is given); exit 2 listing every problem."""
+    paths = paths or [DEFAULT_POLICY]
+    policies: list[Policy] = []
+    problems: list[str] = []
+    for path in paths:
+        try:
+            policies.append(load_policy(path))
+        except PolicyError as exc:
+            problems.extend(str(p) for p in exc.problems)
+    if problems:
+        for line in problems:
+            err.print(line, markup=False)
+        raise typer.Exit(2)
+    names = [p.name for p in policies]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        fail(f"several policies are named {', '.join(duplicates)}; policy names must be unique")
+    return policies
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def age(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"

@@ -1,0 +1,64 @@
+"""`burst decisions` and `burst explain`: why the loop did what it did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.common import fail, load_settings, out, print_json
+from orchestrator.cli.plan_cmd import render_plan
+from orchestrator.domain.plan import Plan
+from orchestrator.domain.snapshot_json import decision_to_jsonable
+from orchestrator.store import Store
+
+_StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
+
+
+def decisions_command(
+    policy: Annotated[str | None, typer.Option("--policy", help="Only this policy's decisions.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="How many, newest first.")] = 20,
+    acted: Annotated[bool, typer.Option("--acted", help="Only decisions that launched, drained or terminated.")] = False,
+    state_dir: _StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List recent decisions, newest first."""
+    store = Store(load_settings(state_dir=state_dir).store_url)
+    store.upgrade()
+    found = store.decisions(policy=policy, limit=limit * 20 if acted else limit)
+    store.close()
+    if acted:
+        found = [d for d in found if any(a != "hold" for a in d.actions)][:limit]
+    if as_json:
+        print_json([decision_to_jsonable(d) for d in found])
+        return
+    table = Table(title="decisions (burst explain ID for details)")
+    for col in ("id", "at", "policy", "rule", "summary"):
+        table.add_column(col, overflow="fold")
+    for d in found:
+        table.add_row(d.id, d.at.strftime("%Y-%m-%d %H:%M:%S"), d.policy, str(d.rule), d.summary)
+    out.print(table)
+
+
+def explain_command(
+    decision_id: Annotated[str, typer.Argument(help="Decision id, e.g. d-1a2b3c4d5e6f.")],
+    state_dir: _StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one decision: inputs, rule, offerings weighed with their cost, and actions."""
+    store = Store(load_settings(state_dir=state_dir).store_url)
+    store.upgrade()
+    decision = store.get_decision(decision_id)
+    store.close()
+    if decision is None:
+        fail(f"no decision {decision_id!r} (list them with `burst decisions`)")
+    if as_json:
+        print_json(decision_to_jsonable(decision))
+        return
+    render_plan(Plan(at=decision.at, decisions=(decision,)))
+    if decision.actions:
+        out.print("[bold]actions:[/bold]")
+        for action in decision.actions:
+            out.print(f"  - {action}", markup=False)

@@ -1,0 +1,121 @@
+"""`burst demo`: run a whole burst cycle on the embedded defaults with live progress."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.common import err, fail, load_policies, out, print_json
+from orchestrator.demo import SPIKE, DemoSummary, run_demo
+from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.domain.nodes import NodeState
+from orchestrator.loop import TickReport
+from orchestrator.wiring import ProviderUnavailable, Runtime
+
+
+def demo_command(
+    policy: Annotated[Path | None, typer.Option("--policy", "-p", help="Policy to demo (default: the shipped default).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary object instead.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 240.0,
+) -> None:
+    """Run a whole burst cycle (spike -> launch -> join -> run -> drain -> terminate) in ~1 minute."""
+    [chosen] = load_policies([policy] if policy else None)
+    logging.basicConfig(level=logging.ERROR)
+    if as_json:
+        summary = _run(chosen, None, timeout)
+        print_json(summary.to_json())
+    else:
+        err.print(f"burst demo: policy {chosen.name!r}, on-prem {chosen.pool.onprem.total_gpus} GPUs, "
+                  f"spike of {len(SPIKE)} jobs / {sum(g for _, g, _ in SPIKE)} GPUs; "
+                  "timings shortened to seconds for the demo")
+        progress = _Progress()
+        with Live(progress.render(), console=err, refresh_per_second=4, transient=False) as live:
+            def on_tick(runtime: Runtime, report: TickReport) -> None:
+                progress.update(runtime, report)
+                live.update(progress.render())
+            summary = _run(chosen, on_tick, timeout)
+        _print_summary(summary)
+    if summary.timed_out or summary.leftover_processes or summary.nodes_launched == 0:
+        raise typer.Exit(1)
+
+
+def _run(policy, on_tick, timeout: float) -> DemoSummary:
+    try:
+        return run_demo(policy, on_tick=on_tick, timeout_s=timeout)
+    except ProviderUnavailable as exc:
+        fail(f"{exc} (the demo needs a policy whose offerings use provider: local)")
+
+
+class _Progress:
+    """The live view: queue, nodes and the latest decision."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.lines: list[str] = []
+        self.nodes: list = []
+        self.counts: dict[str, int] = {}
+        self.elapsed = 0.0
+        self.first = None
+
+    def update(self, runtime: Runtime, report: TickReport) -> None:
+        jobs = runtime.store.jobs()
+        with self._lock:
+            self.first = self.first or report.at
+            self.elapsed = (report.at - self.first).total_seconds()
+            self.counts = {
+                "pending": sum(j.state is JobState.PENDING for j in jobs),
+                "on-prem": sum(j.state is JobState.RUNNING and j.placement is Placement.ONPREM for j in jobs),
+                "burst": sum(j.state is JobState.RUNNING and j.placement is Placement.BURST for j in jobs),
+                "done": sum(j.state is JobState.DONE for j in jobs),
+            }
+            self.nodes = runtime.store.nodes(include_terminated=True)
+            for d in report.decisions:
+                if d.actions and any(a != "hold" for a in d.actions):
+                    self.lines.append(f"[{self.elapsed:5.1f}s] {d.rule}: {d.summary}")
+            for n in report.execution.drained:
+                self.lines.append(f"[{self.elapsed:5.1f}s] draining {n}")
+            self.lines = self.lines[-6:]
+
+    def render(self) -> Group:
+        with self._lock:
+            head = Text(f"t={self.elapsed:5.1f}s  jobs: " + "  ".join(f"{k} {v}" for k, v in self.counts.items()))
+            table = Table(box=None, pad_edge=False)
+            for col in ("node", "state", "type", "$/h"):
+                table.add_column(col)
+            colours = {NodeState.READY: "green", NodeState.DRAINING: "yellow", NodeState.TERMINATED: "dim",
+                       NodeState.FAILED: "red"}
+            for n in self.nodes:
+                c = colours.get(n.state, "cyan")
+                table.add_row(n.id, f"[{c}]{n.state}[/{c}]", f"{n.instance_type} ({n.market})", f"{n.price_usd_hour:.2f}")
+            return Group(head, table, Text("\n".join(self.lines)))
+
+
+def _print_summary(s: DemoSummary) -> None:
+    table = Table(title="burst demo summary", show_header=False)
+    rows = [
+        ("jobs run on-prem / burst", f"{s.jobs_onprem} / {s.jobs_burst} (of {s.jobs_total})"),
+        ("queue wait p50 / p95 / max", f"{s.wait_p50_s:.1f}s / {s.wait_p95_s:.1f}s / {s.wait_max_s:.1f}s"),
+        ("burst nodes launched / terminated / failed", f"{s.nodes_launched} / {s.nodes_terminated} / {s.nodes_failed}"),
+        ("burst node-minutes", f"{s.burst_node_minutes:.2f}"),
+        ("burst cost at policy prices", f"${s.cost_usd:.4f}"),
+        ("on-prem GPU-hours (amortised cost)", f"{s.onprem_gpu_hours:.4f} (${s.onprem_cost_usd:.4f})"),
+        ("decisions recorded", str(s.decisions)),
+        ("wall time", f"{s.wall_s:.1f}s"),
+        ("processes left behind", str(s.leftover_processes)),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    if s.launch_decisions:
+        out.print(f"why it launched: burst explain {s.launch_decisions[0]}  (run against the demo's state, "
+                  "or see `burst decisions` after `burst run`)")
+    if s.timed_out:
+        out.print("[red]the demo timed out before the cycle completed[/red]")

@@ -1,0 +1,136 @@
+"""`burst submit` and `burst status`: the built-in queue, on-prem usage and burst nodes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.common import age, fail, load_policies, load_settings, out, print_json
+from orchestrator.domain.jobs import JobState
+from orchestrator.domain.nodes import NodeState
+from orchestrator.policy import parse_duration
+from orchestrator.sources.builtin import BuiltinQueue
+from orchestrator.store import Store
+
+_PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) the loop runs; default: the shipped default.")]
+_StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
+
+
+def _store(state_dir: Path | None) -> Store:
+    settings = load_settings(state_dir=state_dir)
+    store = Store(settings.store_url)
+    store.upgrade()
+    return store
+
+
+def submit_command(
+    project: Annotated[str, typer.Option("--project", help="Project the job belongs to.")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs the job needs.")],
+    duration: Annotated[str, typer.Option("--duration", help="Expected runtime, e.g. 10m or 1h30m.")],
+    priority: Annotated[int, typer.Option("--priority", help="Job priority (higher first).")] = 0,
+    command: Annotated[str | None, typer.Option("--command", help="Shell command to run (default: sleep for --duration).")] = None,
+    pool: Annotated[str | None, typer.Option("--pool", help="Pool (default: the policy's pool).")] = None,
+    count: Annotated[int, typer.Option("--count", min=1, help="Submit this many identical jobs.")] = 1,
+    policy: _PolicyOpt = None,
+    state_dir: _StateOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Put jobs in the built-in queue."""
+    try:
+        seconds = parse_duration(duration).total_seconds()
+    except ValueError as exc:
+        fail(f"--duration: {exc}")
+    if not project.strip():
+        fail("--project: must not be empty")
+    policies = load_policies(policy)
+    pools = {p.pool.name for p in policies}
+    pool = pool or policies[0].pool.name
+    if pool not in pools:
+        fail(f"--pool: unknown pool {pool!r}; the policies define {', '.join(sorted(pools))}")
+    store = _store(state_dir)
+    now = datetime.now(UTC)
+    jobs = [store.submit_job(project=project, pool=pool, gpus=gpus, priority=priority,
+                             duration_s=seconds, command=command, submitted_at=now) for _ in range(count)]
+    store.close()
+    if as_json:
+        print_json([{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus} for j in jobs])
+    else:
+        for job in jobs:
+            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} in pool {pool}")
+
+
+def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
+                   as_json: Annotated[bool, typer.Option("--json")] = False,
+                   all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False) -> None:
+    """Show the queue, on-prem usage and every burst node."""
+    policies = load_policies(policy)
+    store = _store(state_dir)
+    now = datetime.now(UTC)
+    queues = BuiltinQueue(store, policies).observe(now)
+    nodes = store.nodes(include_terminated=all_nodes)
+    running = store.jobs(states=[JobState.RUNNING])
+    busy: dict[str, int] = {}
+    for job in running:
+        if job.node_id:
+            busy[job.node_id] = busy.get(job.node_id, 0) + job.gpus
+    blocks = store.capacity_blocks(now)
+    pending = store.jobs(states=[JobState.PENDING])
+    store.close()
+    data = {
+        "at": now.isoformat(),
+        "pools": [{
+            "pool": q.pool, "onprem_gpus": q.onprem.total_gpus,
+            "onprem_gpus_busy": q.onprem.total_gpus - q.onprem.free_gpus,
+            "pending_jobs": len(q.pending), "pending_gpus": sum(j.gpus for j in q.pending),
+            "running_onprem_jobs": q.running_onprem_jobs, "running_burst_jobs": q.running_burst_jobs,
+        } for q in queues.values()],
+        "queue": [{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus, "priority": j.priority,
+                   "wait_s": round((now - j.submitted_at).total_seconds(), 1)} for j in pending],
+        "nodes": [{
+            "id": n.id, "state": str(n.state), "age_s": round((now - n.created_at).total_seconds(), 1),
+            "in_state_s": round((now - n.state_since).total_seconds(), 1), "provider": n.provider,
+            "offering": n.offering_key, "instance_type": n.instance_type, "market": str(n.market),
+            "gpus": n.gpus, "gpus_busy": busy.get(n.id, 0), "price_usd_hour": n.price_usd_hour,
+            "instance_id": n.instance_id, "project": n.project,
+        } for n in nodes],
+        "capacity_blocks": [{"offering": b.offering_key, "until": b.until.isoformat(), "reason": b.reason}
+                            for b in blocks],
+    }
+    if as_json:
+        print_json(data)
+        return
+    pools = Table(title="pools")
+    for col in ("pool", "on-prem GPUs busy", "pending jobs", "pending GPUs", "running on-prem", "running burst"):
+        pools.add_column(col)
+    for p in data["pools"]:
+        pools.add_row(p["pool"], f"{p['onprem_gpus_busy']}/{p['onprem_gpus']}", str(p["pending_jobs"]),
+                      str(p["pending_gpus"]), str(p["running_onprem_jobs"]), str(p["running_burst_jobs"]))
+    out.print(pools)
+    if pending:
+        queue = Table(title=f"queue ({len(pending)} pending)")
+        for col in ("job", "project", "GPUs", "priority", "waiting"):
+            queue.add_column(col)
+        for j in data["queue"][:30]:
+            queue.add_row(j["id"], j["project"], str(j["gpus"]), str(j["priority"]), age(j["wait_s"]))
+        out.print(queue)
+    table = Table(title=f"burst nodes ({len(nodes)})")
+    for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "$/h", "project"):
+        table.add_column(col)
+    colours = {NodeState.READY: "green", NodeState.FAILED: "red", NodeState.DRAINING: "yellow"}
+    for n, d in zip(nodes, data["nodes"], strict=True):
+        colour = colours.get(n.state, "cyan")
+        table.add_row(n.id, f"[{colour}]{n.state}[/{colour}]", age(d["age_s"]), n.provider,
+                      f"{n.instance_type} ({n.market})", f"{d['gpus_busy']}/{n.gpus}",
+                      f"{n.price_usd_hour:.2f}", n.project or "-")
+    out.print(table)
+    if blocks:
+        cache = Table(title="offerings excluded after capacity errors")
+        for col in ("offering", "until", "reason"):
+            cache.add_column(col)
+        for b in data["capacity_blocks"]:
+            cache.add_row(b["offering"], b["until"], b["reason"])
+        out.print(cache)

@@ -1,0 +1,96 @@
+"""`burst run`, `burst agent` and `burst db upgrade`: the long-running processes and migrations."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestrator.api import create_app
+from orchestrator.api.server import ApiServer
+from orchestrator.cli.common import err, fail, load_policies, load_settings, setup_logging
+from orchestrator.loop import ControlLoop, TickReport
+from orchestrator.store import Store
+from orchestrator.wiring import ProviderUnavailable, build_runtime
+
+
+def run_command(
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable); default: the shipped default policy.")] = None,
+    tick: Annotated[float | None, typer.Option("--tick", help="Seconds between ticks (default 10, or BURST_TICK_S).")] = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Controller API port (BURST_API_PORT).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run a single tick and exit.")] = False,
+) -> None:
+    """Run the control loop: observe -> plan -> execute -> reconcile, every tick, until stopped."""
+    settings = load_settings(tick_s=tick, state_dir=state_dir, api_port=port)
+    setup_logging(settings.log_level)
+    policies = load_policies(policy)
+    try:
+        runtime = build_runtime(settings, policies)
+    except ProviderUnavailable as exc:
+        fail(str(exc))
+    server = ApiServer(create_app(runtime), settings.api_host, settings.api_port)
+    try:
+        bound = server.start()
+    except RuntimeError as exc:
+        runtime.close()
+        fail(f"{exc} (is another `burst run` using it? set --port or BURST_API_PORT)")
+    runtime.executor.config.controller_url = settings.agent_url(bound)
+    stop = threading.Event()
+
+    def _stop(signum, _frame) -> None:
+        err.print(f"received {signal.Signals(signum).name}: finishing the current tick, then stopping")
+        stop.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    names = ", ".join(p.name for p in policies)
+    err.print(f"burst: running policies [{names}], tick {settings.tick_s:g}s, state {settings.store_url}, "
+              f"agents call {runtime.executor.config.controller_url}")
+    loop = ControlLoop(runtime, settings.tick_s)
+
+    def _report(report: TickReport) -> None:
+        for decision in report.decisions:
+            if decision.actions:
+                err.print(f"{decision.at:%H:%M:%S} {decision.policy} [{decision.id}] {decision.rule}: {decision.summary}")
+
+    try:
+        if once:
+            _report(loop.tick())
+        else:
+            loop.run(stop, on_tick=_report)
+    finally:
+        server.stop()
+        runtime.close()
+    err.print("burst: stopped; burst nodes keep running and are picked up by the next `burst run`")
+
+
+def agent_command(
+    user_data: Annotated[Path | None, typer.Option("--user-data", help="Bootstrap file (cloud-init user-data).")] = None,
+) -> None:
+    """Run the node agent (what a burst node starts from its bootstrap)."""
+    from orchestrator.fabric.agent import main as agent_main
+
+    argv = ["--user-data", str(user_data)] if user_data else []
+    raise typer.Exit(agent_main(argv))
+
+
+db_app = typer.Typer(help="State database maintenance.", no_args_is_help=True, add_completion=False)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL (BURST_DATABASE_URL).")] = None,
+) -> None:
+    """Apply the database migrations (Alembic) up to the newest."""
+    settings = load_settings(database_url=database_url)
+    try:
+        store = Store(settings.store_url)
+        store.upgrade()
+        store.close()
+    except Exception as exc:  # noqa: BLE001 - a connection or migration error, reported plainly
+        fail(f"cannot upgrade {settings.store_url}: {type(exc).__name__}: {exc}")
+    err.print(f"database at {settings.store_url} is at the newest schema")

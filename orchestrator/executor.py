@@ -1,0 +1,275 @@
+"""The executor: turns planned actions into provider and fabric calls, recording each step.
+
+For every side effect the intent is written to the store first and the outcome after, so a crash
+between any two lines leaves a record that the reconciler can finish or undo:
+
+* ``Launch``: insert the node in ``requested`` with the action's request id (a repeat of the same
+  action inserts nothing), then call ``provider.launch`` with that id as the idempotency token and
+  the node's bootstrap (join token included) as user-data, then record ``launching`` with the
+  instance id.
+* ``Drain``: record ``draining`` with the deadline, then ask the fabric to release the node.
+* ``Terminate``: record ``terminating`` (passing through ``failed`` when the reason is a failure),
+  hand the node's work back to the queue, then call ``provider.terminate``. Only the provider's
+  confirmation (seen by the reconciler) makes the node ``terminated``.
+
+Provider errors are handled by kind: a capacity error excludes the offering for a back-off period
+(the negative-capacity cache) and tells the caller to re-plan within the same tick; a transient
+error leaves the node ``requested`` so the launch is retried with the same request id; quota, auth
+and invalid-request errors fail the node, and auth/invalid also disable the provider until restart
+with the reason shown in ``burst status``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from orchestrator.domain.nodes import Node, NodeState, OwnershipTags
+from orchestrator.domain.plan import Action, ActionReason, Drain, Hold, Launch, Plan, Terminate
+from orchestrator.domain.ports import (
+    AuthError,
+    CapacityError,
+    Clock,
+    Fabric,
+    InvalidRequest,
+    LaunchRequest,
+    Provider,
+    ProviderError,
+    QuotaError,
+    TransientError,
+)
+from orchestrator.domain.snapshot import CapacityBlock
+from orchestrator.fabric.bootstrap import Bootstrap
+from orchestrator.fabric.tokens import JoinTokens
+from orchestrator.lifecycle import NodeEvent, transition
+from orchestrator.policy.models import Policy
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+# Reasons that mean the node went wrong (recorded as ``failed`` before it is terminated).
+FAILURE_REASONS = frozenset({
+    ActionReason.LAUNCH_TIMEOUT, ActionReason.BOOT_TIMEOUT, ActionReason.JOIN_TIMEOUT,
+    ActionReason.HEARTBEAT_LOST, ActionReason.TERMINATE_RETRY, ActionReason.FAILED,
+})
+
+
+@dataclass(slots=True)
+class ExecutionReport:
+    """What one execution pass did; ``capacity_errors`` tells the loop to re-plan this tick."""
+
+    launched: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
+    capacity_errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def merge(self, other: ExecutionReport) -> None:
+        for name in ("launched", "drained", "terminated", "capacity_errors", "errors"):
+            getattr(self, name).extend(getattr(other, name))
+
+
+@dataclass(slots=True)
+class ExecutorConfig:
+    controller_url: str
+    capacity_backoff: timedelta = timedelta(minutes=3)  # Karpenter's ICE cache TTL
+    quota_backoff: timedelta = timedelta(minutes=30)
+    boot_delay_s: float = 0.0
+
+
+class Executor:
+    """Carries out actions through the ports; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        providers: Mapping[str, Provider],
+        fabric: Fabric,
+        clock: Clock,
+        tokens: JoinTokens,
+        policies: Mapping[str, Policy],
+        config: ExecutorConfig,
+    ):
+        self.store = store
+        self.providers = providers
+        self.fabric = fabric
+        self.clock = clock
+        self.tokens = tokens
+        self.policies = policies
+        self.config = config
+        self.disabled: dict[str, str] = {}  # provider name -> why it was stopped
+
+    # -- entry points ------------------------------------------------------------------------
+    def execute(self, plan: Plan) -> ExecutionReport:
+        """Record the plan's decisions and memory, then carry out its actions."""
+        for decision in plan.decisions:
+            self.store.add_decision(decision)
+        for policy, memory in plan.memory.items():
+            self.store.save_memory(policy, memory)
+        return self.run(plan.actions)
+
+    def run(self, actions: Iterable[Action]) -> ExecutionReport:
+        report = ExecutionReport()
+        for action in actions:
+            try:
+                if isinstance(action, Launch):
+                    self._launch(action, report)
+                elif isinstance(action, Drain):
+                    self._drain(action, report)
+                elif isinstance(action, Terminate):
+                    self._terminate(action, report)
+                elif isinstance(action, Hold):
+                    continue
+            except ProviderError as exc:
+                report.errors.append(f"{exc.kind}: {exc}")
+                log.warning("%s failed: %s: %s", type(action).__name__, exc.kind, exc)
+        return report
+
+    # -- launch --------------------------------------------------------------------------------
+    def _launch(self, action: Launch, report: ExecutionReport) -> None:
+        now = self.clock.now()
+        offering = action.offering
+        node = Node(
+            id=action.node_id, policy=action.policy, pool=action.pool, provider=offering.provider,
+            offering_key=offering.key, instance_type=offering.instance_type, market=offering.market,
+            gpus=offering.gpus, price_usd_hour=offering.price_usd_hour, state=NodeState.REQUESTED,
+            state_since=now, created_at=now, request_id=action.request_id, project=action.project,
+        )
+        event = NodeEvent(node.id, now, None, NodeState.REQUESTED, str(action.reason),
+                          {"decision": action.decision_id, "offering": offering.key,
+                           "request_id": action.request_id, "project": action.project})
+        if not self.store.add_node(node, event):
+            existing = self.store.get_node(action.node_id) or self.store.node_by_request(action.request_id)
+            if existing is None or existing.state is not NodeState.REQUESTED:
+                return  # already done: a duplicate of an action carried out before
+            node = existing  # intent recorded earlier but never completed: resume it
+        self._call_launch(node, offering, report)
+
+    def _call_launch(self, node: Node, offering, report: ExecutionReport) -> None:
+        provider = self.providers.get(node.provider)
+        if provider is None or node.provider in self.disabled:
+            why = self.disabled.get(node.provider, "provider not configured")
+            self._fail_unlaunched(node, f"provider {node.provider}: {why}")
+            report.errors.append(f"{node.id}: {why}")
+            return
+        policy = self.policies.get(node.policy)
+        token, token_hash, expires = self.tokens.issue(node.id, node.request_id, node.created_at)
+        self.store.set_join_token(node.id, token_hash, expires)
+        bootstrap = Bootstrap(
+            node_id=node.id, controller_url=self.config.controller_url, join_token=token,
+            cluster=policy.cluster if policy else "burst", policy=node.policy, gpus=node.gpus,
+            gpu_model=offering.gpu_model or "unknown", boot_delay_s=self.config.boot_delay_s,
+        )
+        tags = OwnershipTags(policy.cluster if policy else "burst", node.policy, node.id, node.request_id)
+        request = LaunchRequest(node.request_id, offering, tags, bootstrap.render())
+        try:
+            instances = provider.launch(request)
+        except CapacityError as exc:
+            block = CapacityBlock(offering.key, self.clock.now() + self.config.capacity_backoff,
+                                  f"{exc.code or 'capacity'}: {exc}")
+            self.store.add_capacity_block(block, self.clock.now())
+            self._fail_unlaunched(node, f"capacity error: {exc}")
+            report.capacity_errors.append(offering.key)
+            return
+        except TransientError as exc:
+            log.warning("launch of %s hit a transient error, will retry: %s", node.id, exc)
+            report.errors.append(f"{node.id}: transient: {exc}")
+            return
+        except QuotaError as exc:
+            block = CapacityBlock(offering.key, self.clock.now() + self.config.quota_backoff,
+                                  f"quota: {exc}")
+            self.store.add_capacity_block(block, self.clock.now())
+            self._fail_unlaunched(node, f"quota error: {exc}")
+            report.errors.append(f"{node.id}: quota: {exc}")
+            return
+        except (AuthError, InvalidRequest) as exc:
+            self.disabled[node.provider] = f"{exc.kind}: {exc}"
+            self._fail_unlaunched(node, f"{exc.kind}: {exc}")
+            report.errors.append(f"{node.id}: {exc.kind}: {exc}")
+            log.error("provider %s stopped: %s: %s", node.provider, exc.kind, exc)
+            return
+        if not instances:
+            return  # accepted but not visible yet; the reconciler adopts it by request id
+        instance = instances[0]
+        current = self.store.get_node(node.id) or node
+        if current.state is not NodeState.REQUESTED:
+            return
+        launched = replace(current, instance_id=instance.id, launch_attempts=current.launch_attempts + 1)
+        new, event = transition(launched, NodeState.LAUNCHING, at=self.clock.now(),
+                                reason="provider accepted launch", instance_id=instance.id)
+        if self.store.save_transition(current, new, event):
+            report.launched.append(node.id)
+
+    def _fail_unlaunched(self, node: Node, why: str) -> None:
+        """A launch that created nothing: failed, then terminated (no instance to clean up)."""
+        current = self.store.get_node(node.id) or node
+        if current.state is not NodeState.REQUESTED:
+            return
+        failed, event = transition(current, NodeState.FAILED, at=self.clock.now(), reason=why)
+        if self.store.save_transition(current, failed, event):
+            done, event = transition(failed, NodeState.TERMINATED, at=self.clock.now(),
+                                     reason="no instance was created")
+            self.store.save_transition(failed, done, event)
+
+    # -- drain -----------------------------------------------------------------------------------
+    def _drain(self, action: Drain, report: ExecutionReport) -> None:
+        node = self.store.get_node(action.node_id)
+        if node is None or node.state is not NodeState.READY:
+            return  # already draining or gone: nothing to do twice
+        draining = replace(node, drain_deadline=action.deadline)
+        new, event = transition(draining, NodeState.DRAINING, at=self.clock.now(),
+                                reason=str(action.reason), deadline=action.deadline.isoformat(),
+                                decision=action.decision_id)
+        if self.store.save_transition(node, new, event):
+            self.fabric.request_release(new, action.deadline)
+            report.drained.append(node.id)
+
+    # -- terminate -------------------------------------------------------------------------------
+    def _terminate(self, action: Terminate, report: ExecutionReport) -> None:
+        if action.node_id is None:
+            self._terminate_unrecorded(action, report)
+            return
+        node = self.store.get_node(action.node_id)
+        if node is None or node.state is NodeState.TERMINATED:
+            return
+        now = self.clock.now()
+        if node.state is NodeState.REQUESTED:
+            # Never launched as far as we know; fail it so the reconciler can adopt or close it.
+            new, event = transition(node, NodeState.FAILED, at=now, reason=str(action.reason))
+            self.store.save_transition(node, new, event)
+            return
+        if action.reason in FAILURE_REASONS and node.state is not NodeState.FAILED:
+            failed, event = transition(node, NodeState.FAILED, at=now, reason=str(action.reason))
+            if not self.store.save_transition(node, failed, event):
+                return
+            node = failed
+        if node.state is NodeState.TERMINATING:
+            return
+        if node.instance_id is None:
+            new, event = transition(node, NodeState.TERMINATED, at=now, reason="no instance to terminate")
+            self.store.save_transition(node, new, event)
+            self.fabric.node_gone(new, now)
+            return
+        new, event = transition(node, NodeState.TERMINATING, at=now, reason=str(action.reason),
+                                decision=action.decision_id)
+        if not self.store.save_transition(node, new, event):
+            return
+        requeued = self.fabric.node_gone(new, now)
+        if requeued:
+            log.info("node %s: %d job(s) handed back to the queue", node.id, requeued)
+        provider = self.providers.get(node.provider)
+        if provider is None:
+            report.errors.append(f"{node.id}: provider {node.provider} not configured")
+            return
+        provider.terminate([node.instance_id])
+        report.terminated.append(node.id)
+
+    def _terminate_unrecorded(self, action: Terminate, report: ExecutionReport) -> None:
+        provider = self.providers.get(action.provider or "")
+        if provider is None or action.instance_id is None:
+            return
+        log.warning("terminating instance %s at %s: %s", action.instance_id, action.provider, action.reason)
+        provider.terminate([action.instance_id])
+        report.terminated.append(action.instance_id)

@@ -1,0 +1,36 @@
+"""The built-in fabric: burst nodes join the built-in queue through their node agent.
+
+Joining is registration: an agent that presents a valid join token is ready to run work at once.
+Draining is cooperative: the node's state (``draining``) reaches the agent in its next heartbeat
+answer; the agent stops taking work, lets its job finish (or hands it back if the policy does not
+respect running jobs, or the deadline passes), then reports ``released``. Only then, or at the
+drain deadline, does the planner terminate the node. Jobs still on a node that is gone are put
+back in the queue.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from orchestrator.domain.nodes import Node
+from orchestrator.sources.builtin import BuiltinQueue
+
+
+class BuiltinFabric:
+    """Fabric port over the built-in queue."""
+
+    name = "builtin"
+
+    def __init__(self, queue: BuiltinQueue):
+        self.queue = queue
+
+    def request_release(self, node: Node, deadline: datetime) -> None:
+        # Nothing to call: the agent reads the drain from its heartbeat answer.
+        return None
+
+    def is_released(self, node: Node) -> bool:
+        return node.released
+
+    def node_gone(self, node: Node, at: datetime) -> int:
+        """Requeue the jobs of a node that failed or was terminated; returns how many."""
+        return self.queue.release_node(node.id, at)

@@ -1,0 +1,72 @@
+"""Observe: build the planner's Snapshot from the queue source, the store and provider catalogues.
+
+Everything in the Snapshot is a copy taken now; the planner never sees a live object. Node usage
+(GPUs busy, idle since when, heartbeat) comes from the queue/fabric's view and is folded into the
+node copies here, so the planner reads one consistent value per node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime
+
+from orchestrator.domain.nodes import NodeState
+from orchestrator.domain.offerings import Offering
+from orchestrator.domain.ports import Provider, ProviderError, QueueSource
+from orchestrator.domain.snapshot import Snapshot
+from orchestrator.sources.builtin import NodeUsage
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Observer:
+    """Builds snapshots; caches provider catalogues (they change rarely and may be slow)."""
+
+    def __init__(self, store: Store, queue: QueueSource, providers: Mapping[str, Provider]):
+        self.store = store
+        self.queue = queue
+        self.providers = providers
+        self._catalogue: tuple[Offering, ...] | None = None
+
+    def catalogue(self) -> tuple[Offering, ...]:
+        if self._catalogue is None:
+            offerings: list[Offering] = []
+            for name, provider in self.providers.items():
+                try:
+                    offerings.extend(provider.offerings())
+                except ProviderError as exc:
+                    log.warning("provider %s: cannot list offerings: %s", name, exc)
+            self._catalogue = tuple(offerings)
+        return self._catalogue
+
+    def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset()) -> Snapshot:
+        queues = self.queue.observe(now)
+        nodes = self.store.nodes()
+        usage: dict[str, NodeUsage] = {}
+        node_usage = getattr(self.queue, "node_usage", None)
+        if node_usage is not None:
+            usage = node_usage([n.id for n in nodes if n.state in (NodeState.READY, NodeState.DRAINING)])
+        observed = []
+        for node in nodes:
+            u = usage.get(node.id)
+            if u is not None:
+                idle_since = None
+                if u.running_jobs == 0:
+                    # Idle since the later of: becoming ready, finishing its last job.
+                    idle_since = max(t for t in (node.idle_since, u.last_busy_at, node.state_since) if t)
+                    if node.state is NodeState.DRAINING:
+                        idle_since = node.idle_since or u.last_busy_at or node.state_since
+                node = replace(node, gpus_busy=u.gpus_busy, running_jobs=u.running_jobs, idle_since=idle_since)
+            observed.append(node)
+        return Snapshot(
+            taken_at=now,
+            queues=queues,
+            nodes=tuple(observed),
+            offerings=self.catalogue(),
+            capacity_blocks=tuple(self.store.capacity_blocks(now)),
+            memory=self.store.load_memory(),
+            paused_pools=paused_pools,
+        )

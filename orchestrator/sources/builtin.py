@@ -1,0 +1,165 @@
+"""The built-in job queue: burst's own queue and on-prem pool for the embedded mode.
+
+``burst submit`` puts jobs here. Each pool's on-prem capacity is modelled from the policy
+(``pool.onprem.nodes`` x ``gpus_per_node``): a job placed on-prem runs there for its duration
+(the embedded mode has no real on-prem nodes to run it on; the Slurm source replaces this with a
+real cluster). Jobs placed on burst nodes are pulled and really run by each node's agent.
+
+Scheduling is priority-then-FIFO with backfill: jobs are taken in the same order the planner uses
+(:func:`orchestrator.planner.demand.scheduling_order`), a job that does not fit is skipped, not
+blocking smaller ones. On-prem is always offered work first; a burst node asking for work gets the
+first pending job that fits it and that on-prem cannot start now.
+
+Every write is compare-and-set on the job's version, so the loop and the API thread (or several
+processes) can dispatch at once without running a job twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.snapshot import OnPremState, PoolQueue
+from orchestrator.planner.demand import Bins, scheduling_order
+from orchestrator.policy.models import Policy
+from orchestrator.store import JobRecord, Store
+
+ONPREM_PREFIX = "onprem"
+
+
+def onprem_node_name(pool: str, index: int) -> str:
+    return f"{ONPREM_PREFIX}:{pool}:{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """What a burst node is running, as the queue sees it."""
+
+    gpus_busy: int
+    running_jobs: int
+    last_busy_at: datetime | None
+
+
+class BuiltinQueue:
+    """Queue source and dispatcher of the embedded mode (see module docstring)."""
+
+    def __init__(self, store: Store, policies: list[Policy]):
+        self.store = store
+        self.pools = {p.pool.name: p for p in policies}
+        self._lock = threading.Lock()
+
+    # -- observing -------------------------------------------------------------------------
+    def observe(self, now: datetime) -> dict[str, PoolQueue]:
+        """Pending jobs and on-prem capacity of every pool."""
+        pending = self.store.jobs(states=[JobState.PENDING])
+        running = self.store.jobs(states=[JobState.RUNNING])
+        queues: dict[str, PoolQueue] = {}
+        for pool, policy in self.pools.items():
+            free = self._onprem_free(policy, running)
+            queues[pool] = PoolQueue(
+                pool=pool,
+                onprem=OnPremState(policy.pool.onprem.total_gpus, sum(free), tuple(free)),
+                pending=tuple(j.to_domain() for j in pending if j.pool == pool),
+                running_onprem_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.ONPREM),
+                running_burst_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.BURST),
+            )
+        return queues
+
+    def node_usage(self, node_ids: list[str]) -> dict[str, NodeUsage]:
+        """Per burst node: GPUs and jobs running now, and when it last finished something."""
+        usage: dict[str, NodeUsage] = {}
+        for node_id in node_ids:
+            busy = jobs = 0
+            last: datetime | None = None
+            for job in self.store.jobs(node_id=node_id):
+                if job.state is JobState.RUNNING:
+                    busy += job.gpus
+                    jobs += 1
+                elif job.finished_at is not None and (last is None or job.finished_at > last):
+                    last = job.finished_at
+            usage[node_id] = NodeUsage(busy, jobs, last)
+        return usage
+
+    def _onprem_free(self, policy: Policy, running: list[JobRecord]) -> list[int]:
+        onprem = policy.pool.onprem
+        free = [onprem.gpus_per_node] * onprem.nodes
+        index = {onprem_node_name(policy.pool.name, i): i for i in range(onprem.nodes)}
+        for job in running:
+            if job.pool != policy.pool.name or job.placement is not Placement.ONPREM:
+                continue
+            for name in (job.node_id or "").split(","):
+                if name in index:
+                    used = min(job.gpus, onprem.gpus_per_node)
+                    free[index[name]] = max(free[index[name]] - used, 0)
+        return free
+
+    # -- dispatching -----------------------------------------------------------------------
+    def dispatch_onprem(self, now: datetime) -> list[JobRecord]:
+        """Finish on-prem jobs whose time is up, then start what fits on-prem. Returns started."""
+        with self._lock:
+            running = self.store.jobs(states=[JobState.RUNNING])
+            for job in running:
+                if (job.placement is Placement.ONPREM and job.started_at is not None
+                        and now >= job.started_at + timedelta(seconds=job.duration_s or 0)):
+                    self.store.finish_job(job, state=JobState.DONE, exit_code=0, at=now)
+            running = self.store.jobs(states=[JobState.RUNNING])
+            started: list[JobRecord] = []
+            for pool, policy in self.pools.items():
+                free = self._onprem_free(policy, running)
+                names = [onprem_node_name(pool, i) for i in range(len(free))]
+                bins = Bins(free, list(names), node_size=policy.pool.onprem.gpus_per_node)
+                pending = [j for j in self.store.jobs(states=[JobState.PENDING], pool=pool)]
+                by_id = {j.id: j for j in pending}
+                for job in scheduling_order([j.to_domain() for j in pending], policy):
+                    if bins.total == 0:
+                        break
+                    used = bins.place(job.gpus)
+                    if used is None:
+                        continue
+                    record = self.store.start_job(
+                        by_id[job.id], placement=Placement.ONPREM,
+                        node_id=",".join(bins.owners[i] or "" for i in used), at=now)
+                    if record is not None:
+                        started.append(record)
+            return started
+
+    def claim_for_node(self, node: Node, free_gpus: int, now: datetime) -> JobRecord | None:
+        """Give a ready burst node the first pending job of its pool that fits and on-prem can't take."""
+        if node.state is not NodeState.READY or free_gpus <= 0:
+            return None
+        self.dispatch_onprem(now)
+        policy = self.pools.get(node.pool)
+        if policy is None:
+            return None
+        with self._lock:
+            pending = self.store.jobs(states=[JobState.PENDING], pool=node.pool)
+            by_id = {j.id: j for j in pending}
+            for job in scheduling_order([j.to_domain() for j in pending], policy):
+                if job.gpus > free_gpus:
+                    continue
+                record = self.store.start_job(by_id[job.id], placement=Placement.BURST,
+                                              node_id=node.id, at=now)
+                if record is not None:
+                    return record
+        return None
+
+    def finish(self, job_id: str, node_id: str, outcome: str, exit_code: int | None, now: datetime) -> bool:
+        """Record what a node reported about a job: done, failed, or handed back to the queue."""
+        job = self.store.get_job(job_id)
+        if job is None or job.state is not JobState.RUNNING or job.node_id != node_id:
+            return False  # a stale or duplicate report: the job moved on already
+        if outcome == "handed-back":
+            return self.store.requeue_job(job, now) is not None
+        state = JobState.DONE if outcome == "done" else JobState.FAILED
+        return self.store.finish_job(job, state=state, exit_code=exit_code, at=now) is not None
+
+    def release_node(self, node_id: str, now: datetime) -> int:
+        """Put every job still running on a node that is gone back in the queue."""
+        count = 0
+        for job in self.store.jobs(states=[JobState.RUNNING], node_id=node_id):
+            if self.store.requeue_job(job, now) is not None:
+                count += 1
+        return count

@@ -1,0 +1,180 @@
+"""The composition root: settings, and the one place that picks concrete parts.
+
+Settings come from ``BURST_*`` environment variables or a YAML settings file (``BURST_SETTINGS_FILE``
+or ``--settings``), through pydantic-settings. :func:`build_runtime` turns settings and policies
+into a wired :class:`Runtime`: store, providers, queue source, fabric, executor, reconciler and
+observer. Nothing else in ``orchestrator`` imports ``providers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from orchestrator.domain.ports import Provider
+from orchestrator.executor import Executor, ExecutorConfig
+from orchestrator.fabric.builtin import BuiltinFabric
+from orchestrator.fabric.tokens import JoinTokens
+from orchestrator.observe import Observer
+from orchestrator.policy.models import Policy, ProviderName, QueueSourceKind
+from orchestrator.reconciler import Reconciler, ReconcilerConfig
+from orchestrator.sources.builtin import BuiltinQueue
+from orchestrator.store import Store, default_sqlite_url
+
+log = logging.getLogger(__name__)
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "burst"
+
+
+class Settings(BaseSettings):
+    """Service settings (not policy): where state lives, how often to tick, where agents call."""
+
+    model_config = SettingsConfigDict(env_prefix="BURST_", extra="forbid")
+
+    state_dir: Path = Field(default_factory=default_state_dir,
+                            description="Directory for the SQLite state file, secrets and local nodes.")
+    database_url: str | None = Field(default=None,
+                                     description="SQLAlchemy URL of the state store; default SQLite in state_dir.")
+    tick_s: float = Field(default=10.0, gt=0, description="Seconds between control-loop ticks.")
+    api_host: str = Field(default="127.0.0.1", description="Address the controller API binds.")
+    api_port: int = Field(default=8787, ge=0, le=65535, description="Port of the controller API (0: any free).")
+    controller_url: str | None = Field(default=None,
+                                       description="URL agents use to reach the controller; default from api_host/port.")
+    log_level: str = Field(default="INFO", description="Python logging level.")
+    secret_key: SecretStr | None = Field(default=None,
+                                         description="Key join tokens derive from; default a generated key file in state_dir.")
+    local_boot_delay_s: float = Field(default=2.0, ge=0, description="Simulated boot time of local-provider nodes.")
+    settings_file: Path | None = Field(default=None, description="YAML file these settings were read from.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("BURST_SETTINGS_FILE")
+        if path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    @property
+    def store_url(self) -> str:
+        return self.database_url or default_sqlite_url(self.state_dir)
+
+    def agent_url(self, port: int | None = None) -> str:
+        if self.controller_url:
+            return self.controller_url.rstrip("/")
+        host = "127.0.0.1" if self.api_host in ("0.0.0.0", "::") else self.api_host
+        return f"http://{host}:{port if port is not None else self.api_port}"
+
+    def secret(self) -> bytes:
+        """The controller secret; generated once into state_dir (mode 0600) if not configured."""
+        if self.secret_key is not None:
+            return self.secret_key.get_secret_value().encode()
+        path = self.state_dir / "secret.key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32))
+        return path.read_text().strip().encode()
+
+
+class SystemClock:
+    """Wall-clock time, timezone-aware UTC."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ProviderUnavailable(Exception):
+    """A policy names a provider that cannot be built here."""
+
+
+def build_provider(name: str, settings: Settings) -> Provider:
+    """Build the provider adapter named in a policy."""
+    from providers import load_provider_class
+
+    if name == ProviderName.LOCAL:
+        cls = load_provider_class("local")
+        return cls(settings.state_dir / "local-provider", boot_delay_s=settings.local_boot_delay_s)
+    raise ProviderUnavailable(
+        f"provider {name!r} has no adapter in this build yet; use provider: local (see docs/providers.md)"
+    )
+
+
+@dataclass
+class Runtime:
+    """Everything the loop, API and CLI need, wired together."""
+
+    settings: Settings
+    store: Store
+    policies: dict[str, Policy]
+    providers: dict[str, Provider]
+    queue: BuiltinQueue
+    fabric: BuiltinFabric
+    tokens: JoinTokens
+    clock: Any
+    executor: Executor
+    reconciler: Reconciler
+    observer: Observer
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def build_runtime(
+    settings: Settings,
+    policies: Iterable[Policy],
+    *,
+    clock: Any | None = None,
+    controller_url: str | None = None,
+    upgrade: bool = True,
+    providers: dict[str, Provider] | None = None,
+    reconciler_config: ReconcilerConfig | None = None,
+) -> Runtime:
+    """Wire a runtime for the given policies (the embedded defaults unless settings say otherwise)."""
+    policy_map = {p.name: p for p in policies}
+    for policy in policy_map.values():
+        if policy.queue.source is not QueueSourceKind.BUILTIN:
+            raise ProviderUnavailable(
+                f"policy {policy.name}: queue source {policy.queue.source} is not available in this "
+                "build yet; use queue: {source: builtin}")
+    store = Store(settings.store_url)
+    if upgrade:
+        store.upgrade()
+    if providers is None:
+        providers = {}
+        for policy in policy_map.values():
+            for spec in policy.offerings:
+                if str(spec.provider) not in providers:
+                    providers[str(spec.provider)] = build_provider(str(spec.provider), settings)
+    clock = clock or SystemClock()
+    queue = BuiltinQueue(store, list(policy_map.values()))
+    fabric = BuiltinFabric(queue)
+    tokens = JoinTokens(settings.secret())
+    executor = Executor(store, providers, fabric, clock, tokens, policy_map,
+                        ExecutorConfig(controller_url=controller_url or settings.agent_url()))
+    reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
+    observer = Observer(store, queue, providers)
+    return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
+                   executor, reconciler, observer)
