@@ -1,0 +1,107 @@
+"""The store's connection handling, shared by its repository parts.
+
+Every public Store method is one transaction: reads through ``_read()``, writes through
+``_write()`` (which on SQLite takes the write lock at BEGIN). Compare-and-set writes report a lost
+race by the affected row count, never by an exception, so callers can treat conflicts as data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Self
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Engine
+
+from orchestrator.store import migrate
+from orchestrator.store.engine import make_engine, normalize_url, write_engine
+
+
+class StoreBase:
+    """Owns the engine; subclasses add the repository methods."""
+
+    def __init__(self, url: str) -> None:
+        self._url = normalize_url(url)
+        self._engine: Engine = make_engine(self._url)
+        self._writer: Engine = write_engine(self._engine)
+
+    @property
+    def url(self) -> str:
+        """The store URL, password hidden (safe to log)."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    @property
+    def engine(self) -> Engine:
+        """The engine, for migrations and tests; application code goes through the methods."""
+        return self._engine
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Migrate the schema to ``revision`` (default: the newest) with this store's engine."""
+        with self._writer.begin() as conn:
+            migrate.upgrade(self._url, revision, connection=conn)
+
+    def downgrade(self, revision: str = "base") -> None:
+        """Migrate the schema down to ``revision`` (default: nothing left but Alembic's table)."""
+        with self._writer.begin() as conn:
+            migrate.downgrade(self._url, revision, connection=conn)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with _argument_errors(), self._engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with _argument_errors(), self._writer.begin() as conn:
+            yield conn
+
+    def _insert(self, table: sa.Table) -> Any:
+        """A dialect insert, which offers ``on_conflict_do_nothing`` / ``_do_update``.
+
+        Its rowcount tells whether a row went in: SQLAlchemy only keeps an INSERT's rowcount when
+        asked (psycopg otherwise reports -1).
+        """
+        if self.dialect == "postgresql":
+            stmt = pg.insert(table)
+        elif self.dialect == "sqlite":
+            stmt = sqlite.insert(table)
+        else:
+            raise NotImplementedError(f"no upsert for dialect {self.dialect}")
+        return stmt.execution_options(preserve_rowcount=True)
+
+
+@contextmanager
+def _argument_errors() -> Iterator[None]:
+    """Surface a bad argument caught while binding parameters (a naive datetime, a wrong type)
+    as the ValueError/TypeError it is, rather than as a database error."""
+    try:
+        yield
+    except sa.exc.StatementError as exc:
+        if not isinstance(exc, sa.exc.DBAPIError) and isinstance(exc.orig, ValueError | TypeError):
+            raise exc.orig from exc
+        raise
+
+
+def require_aware(value: datetime, name: str) -> datetime:
+    """``value`` if it is tz-aware; the store never guesses a timezone."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be a tz-aware UTC datetime, got naive {value.isoformat()}")
+    return value

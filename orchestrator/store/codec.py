@@ -1,0 +1,133 @@
+"""JSON forms of stored values: decisions, and the fallback encoder for free-form details.
+
+The store keeps a Decision as one JSON document; the CLI's ``--json`` output and the API serve the
+same document, so these helpers are the one definition of that shape. Times are ISO 8601 strings
+with an offset, always UTC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+
+from orchestrator.domain.plan import Decision, OfferingOption, Rule
+
+DECISION_FORMAT = 1  # bumped when the document shape changes incompatibly
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` made of JSON types only; tuples and sets become lists, times ISO strings."""
+    if value is None or isinstance(value, bool | int | float | str):
+        # An Enum that is also a str/int is kept as its plain value.
+        return value.value if isinstance(value, Enum) else value
+    if isinstance(value, Enum):
+        return to_jsonable(value.value)
+    if isinstance(value, datetime):
+        return _iso(value)
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        # A string keeps every digit: money must not pass through a binary float.
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((to_jsonable(v) for v in value), key=repr)
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(asdict(value))
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def json_dumps(value: Any) -> str:
+    """The encoder the store's engines use for JSON columns."""
+    return json.dumps(value, default=_json_default, separators=(",", ":"), sort_keys=True)
+
+
+def _json_default(value: Any) -> Any:
+    return to_jsonable(value)
+
+
+def _iso(value: datetime) -> str:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"naive datetime {value.isoformat()} cannot be encoded; pass UTC-aware")
+    return value.astimezone(UTC).isoformat()
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time as tz-aware UTC (a naive text is read as UTC)."""
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def option_to_json(option: OfferingOption) -> dict[str, Any]:
+    return {
+        "offering_key": option.offering_key,
+        "gpus": option.gpus,
+        "price_usd_hour": option.price_usd_hour,
+        "nodes": option.nodes,
+        "expected_cost_usd": option.expected_cost_usd,
+        "rejected": option.rejected,
+    }
+
+
+def option_from_json(obj: Mapping[str, Any]) -> OfferingOption:
+    return OfferingOption(
+        offering_key=str(obj["offering_key"]),
+        gpus=int(obj["gpus"]),
+        price_usd_hour=float(obj["price_usd_hour"]),
+        nodes=int(obj["nodes"]),
+        expected_cost_usd=float(obj["expected_cost_usd"]),
+        rejected=obj.get("rejected"),
+    )
+
+
+def decision_to_json(decision: Decision) -> dict[str, Any]:
+    """The whole Decision as a JSON-compatible dict."""
+    return {
+        "format": DECISION_FORMAT,
+        "id": decision.id,
+        "policy": decision.policy,
+        "at": _iso(decision.at),
+        "rule": decision.rule.value,
+        "summary": decision.summary,
+        "inputs": to_jsonable(decision.inputs),
+        "options": [option_to_json(o) for o in decision.options],
+        "chosen": decision.chosen,
+        "held_back_by": list(decision.held_back_by),
+        "actions": list(decision.actions),
+    }
+
+
+def decision_from_json(obj: Mapping[str, Any]) -> Decision:
+    """The Decision a ``decision_to_json`` document describes.
+
+    ``inputs`` comes back as the JSON dict that was stored: values that were not JSON types (times,
+    tuples) come back in their JSON form.
+    """
+    fmt = obj.get("format", DECISION_FORMAT)
+    if fmt != DECISION_FORMAT:
+        raise ValueError(f"decision document format {fmt} is not supported "
+                         f"(want {DECISION_FORMAT})")
+    return Decision(
+        id=str(obj["id"]),
+        policy=str(obj["policy"]),
+        at=parse_time(obj["at"]),
+        rule=Rule(obj["rule"]),
+        summary=str(obj["summary"]),
+        inputs=dict(obj.get("inputs") or {}),
+        options=tuple(option_from_json(o) for o in obj.get("options") or ()),
+        chosen=obj.get("chosen"),
+        held_back_by=tuple(obj.get("held_back_by") or ()),
+        actions=tuple(obj.get("actions") or ()),
+    )

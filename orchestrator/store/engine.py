@@ -1,0 +1,105 @@
+"""Engines for the store: URL normalisation and the SQLite settings that make it safe to share.
+
+SQLite is the embedded default, so it must behave under concurrent writers (the loop, the API,
+a CLI command in another process): WAL lets readers proceed during a write, ``busy_timeout``
+makes a writer wait for the lock instead of failing, and write transactions open with
+``BEGIN IMMEDIATE`` so the lock is taken up front. A deferred transaction that reads and then
+writes can fail outright with "database is locked" when another writer got there first, since
+SQLite cannot upgrade its read lock without risking deadlock; taking the write lock at BEGIN
+turns that into an orderly queue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from orchestrator.store.codec import json_dumps
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_OPTION = "burst_write"  # execution option marking a connection that will write
+DEFAULT_DB_NAME = "burst.db"
+
+
+def default_sqlite_url(state_dir: Path) -> str:
+    """The URL of the embedded store inside ``state_dir``."""
+    path = (Path(state_dir).expanduser() / DEFAULT_DB_NAME).resolve()
+    return f"sqlite:///{path}"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """``url`` with the driver the store uses: psycopg 3 for PostgreSQL, pysqlite for SQLite."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return parsed
+    if backend == "sqlite":
+        return parsed
+    raise ValueError(f"unsupported store URL {parsed.render_as_string(hide_password=True)!r}: "
+                     "use sqlite:///path or postgresql://...")
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file a SQLite URL names, or None for an in-memory database."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def make_engine(url: str | URL) -> Engine:
+    """An engine for ``url``; SQLite files get their parent directories created."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return sa.create_engine(parsed, pool_pre_ping=True, json_serializer=json_dumps)
+
+
+def write_engine(engine: Engine) -> Engine:
+    """A view of ``engine`` whose transactions are writes (BEGIN IMMEDIATE on SQLite)."""
+    return engine.execution_options(**{WRITE_OPTION: True})
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    path = sqlite_file(url)
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        "json_serializer": json_dumps,
+    }
+    if path is None:
+        # Each new connection to :memory: would be a new, empty database: share one.
+        kwargs["poolclass"] = StaticPool
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from the sqlite3 module (which would emit a deferred BEGIN only before
+        # DML) so that the "begin" hook below decides how every transaction starts.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            if path is not None:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                # NORMAL is durable across application crashes in WAL mode; only an OS crash can
+                # lose the last commits, and the reconciler recovers from that.
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        writes = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+    return engine

@@ -1,0 +1,192 @@
+"""The built-in queue's jobs in the store: submit, claim, finish, requeue, cancel.
+
+Each state change is compare-and-set on the record's version *and* its expected state, so two
+schedulers claiming the same pending job cannot both start it: the loser gets ``None`` and
+re-reads. Order of service is priority (highest first), then submission time, then id.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.store import tables as T
+from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.records import JobRecord
+
+JOB_ID_PREFIX = "j-"
+_FINAL_STATES = frozenset({JobState.DONE, JobState.FAILED})
+
+
+def new_job_id() -> str:
+    return JOB_ID_PREFIX + secrets.token_hex(5)
+
+
+def _job_from_row(row: sa.Row[Any]) -> JobRecord:
+    m = row._mapping
+    return JobRecord(
+        id=m["id"],
+        project=m["project"],
+        pool=m["pool"],
+        gpus=m["gpus"],
+        priority=m["priority"],
+        duration_s=m["duration_s"],
+        command=m["command"],
+        state=JobState(m["state"]),
+        placement=Placement(m["placement"]) if m["placement"] is not None else None,
+        node_id=m["node_id"],
+        submitted_at=m["submitted_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        exit_code=m["exit_code"],
+        attempts=m["attempts"],
+        version=m["version"],
+    )
+
+
+class JobQueue(StoreBase):
+    """Job methods of the Store."""
+
+    def submit_job(
+        self,
+        project: str,
+        pool: str,
+        gpus: int,
+        priority: int,
+        duration_s: float | None,
+        command: str | None,
+        submitted_at: datetime,
+    ) -> JobRecord:
+        """Queue a new job (PENDING) and return its record with a fresh id."""
+        if gpus < 1:
+            raise ValueError(f"a job needs at least one GPU, got {gpus}")
+        require_aware(submitted_at, "submitted_at")
+        with self._write() as conn:
+            # 40 random bits make a collision unlikely, not impossible: retry on the rare clash
+            # rather than fail the submission.
+            for _ in range(8):
+                record = JobRecord(
+                    id=new_job_id(), project=project, pool=pool, gpus=gpus, priority=priority,
+                    duration_s=duration_s, command=command, state=JobState.PENDING,
+                    placement=None, node_id=None, submitted_at=submitted_at, started_at=None,
+                    finished_at=None, exit_code=None, attempts=0, version=0,
+                )
+                stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
+                if conn.execute(stmt).rowcount == 1:
+                    return record
+        raise RuntimeError("could not allocate a unique job id")
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._read() as conn:
+            row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
+        return _job_from_row(row) if row is not None else None
+
+    def jobs(
+        self,
+        states: Iterable[JobState] | None = None,
+        pool: str | None = None,
+        node_id: str | None = None,
+        limit: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs in service order: priority (highest first), then submission time, then id."""
+        c = T.jobs.c
+        query = sa.select(T.jobs).order_by(c.priority.desc(), c.submitted_at, c.id)
+        if states is not None:
+            query = query.where(c.state.in_([JobState(s).value for s in states]))
+        if pool is not None:
+            query = query.where(c.pool == pool)
+        if node_id is not None:
+            query = query.where(c.node_id == node_id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            return [_job_from_row(r) for r in conn.execute(query)]
+
+    def start_job(
+        self, job: JobRecord, *, placement: str, node_id: str | None, at: datetime
+    ) -> JobRecord | None:
+        """PENDING -> RUNNING on ``placement``; None if someone else changed the job first."""
+        require_aware(at, "at")
+        new = replace(
+            job, state=JobState.RUNNING, placement=Placement(placement), node_id=node_id,
+            started_at=at, finished_at=None, exit_code=None, attempts=job.attempts + 1,
+            version=job.version + 1,
+        )
+        return self._cas_job(job, JobState.PENDING, new)
+
+    def finish_job(
+        self, job: JobRecord, *, state: JobState, exit_code: int | None, at: datetime
+    ) -> JobRecord | None:
+        """RUNNING -> DONE or FAILED; None if the job was not in the state ``job`` says."""
+        state = JobState(state)
+        if state not in _FINAL_STATES:
+            raise ValueError(f"finish_job ends a job as done or failed, not {state}")
+        require_aware(at, "at")
+        new = replace(job, state=state, exit_code=exit_code, finished_at=at,
+                      version=job.version + 1)
+        return self._cas_job(job, JobState.RUNNING, new)
+
+    def requeue_job(self, job: JobRecord, at: datetime) -> JobRecord | None:
+        """RUNNING -> PENDING (preempted or drained away); keeps its place and attempt count.
+
+        ``at`` is checked but not stored: the queue has no requeue column, and the submission
+        time is kept so the job does not lose its turn.
+        """
+        require_aware(at, "at")
+        new = replace(job, state=JobState.PENDING, placement=None, node_id=None, started_at=None,
+                      version=job.version + 1)
+        return self._cas_job(job, JobState.RUNNING, new)
+
+    def cancel_job(self, job_id: str) -> bool:
+        """Withdraw a PENDING job; False if it is unknown or no longer pending."""
+        c = T.jobs.c
+        with self._write() as conn:
+            result = conn.execute(
+                sa.update(T.jobs)
+                .where(c.id == job_id, c.state == JobState.PENDING.value)
+                .values(state=JobState.CANCELLED.value, version=c.version + 1)
+            )
+            return result.rowcount == 1
+
+    def _cas_job(self, old: JobRecord, expected: JobState, new: JobRecord) -> JobRecord | None:
+        if old.state is not expected:
+            return None
+        values = _job_values(new)
+        del values["id"]
+        c = T.jobs.c
+        stmt = (
+            sa.update(T.jobs)
+            .where(c.id == old.id, c.version == old.version, c.state == expected.value)
+            .values(**values)
+        )
+        with self._write() as conn:
+            won = conn.execute(stmt).rowcount == 1
+        return new if won else None
+
+
+def _job_values(record: JobRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "project": record.project,
+        "pool": record.pool,
+        "gpus": record.gpus,
+        "priority": record.priority,
+        "duration_s": record.duration_s,
+        "command": record.command,
+        "state": JobState(record.state).value,
+        "placement": Placement(record.placement).value if record.placement is not None else None,
+        "node_id": record.node_id,
+        "submitted_at": record.submitted_at,
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "exit_code": record.exit_code,
+        "attempts": record.attempts,
+        "version": record.version,
+    }
+

@@ -1,0 +1,267 @@
+"""The Store: the repository of burst's durable state on SQLite or PostgreSQL.
+
+Nodes change only by compare-and-set on their version, and every state change appends its event
+in the same transaction, so the event log and the node rows never disagree and two writers racing
+on one node cannot both win. Launch intents are idempotent on node id and request id. Time is
+always passed in; no method reads the clock. Datetimes go in tz-aware and come back tz-aware UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import fields, replace
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.plan import Decision
+from orchestrator.domain.snapshot import CapacityBlock, PolicyMemory
+from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
+from orchestrator.policy.models import Market
+from orchestrator.store import tables as T
+from orchestrator.store.base import require_aware
+from orchestrator.store.codec import decision_from_json, decision_to_json, to_jsonable
+from orchestrator.store.engine import default_sqlite_url
+from orchestrator.store.joins import JoinSecrets
+from orchestrator.store.jobqueue import JobQueue
+
+# default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
+# re-exported here beside Store.
+__all__ = ["Store", "default_sqlite_url"]
+
+NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Node))
+# Fields update_node must not touch: state (and its clock) only move through save_transition,
+# and the identity and version are the store's to manage.
+_NOT_UPDATABLE = frozenset({"id", "version", "state", "state_since"})
+
+
+def _node_values(node: Node) -> dict[str, Any]:
+    values = {name: getattr(node, name) for name in NODE_FIELDS}
+    values["state"] = NodeState(node.state).value
+    values["market"] = Market(node.market).value
+    return values
+
+
+def _node_from_row(row: sa.Row[Any]) -> Node:
+    m = row._mapping
+    values = {name: m[name] for name in NODE_FIELDS}
+    values["state"] = NodeState(values["state"])
+    values["market"] = Market(values["market"])
+    return Node(**values)
+
+
+def _event_values(event: NodeEvent) -> dict[str, Any]:
+    return {
+        "node_id": event.node_id,
+        "at": require_aware(event.at, "event.at"),
+        "from_state": NodeState(event.from_state).value if event.from_state is not None else None,
+        "to_state": NodeState(event.to_state).value,
+        "reason": event.reason,
+        "details": to_jsonable(event.details),
+    }
+
+
+def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
+    m = row._mapping
+    return NodeEvent(
+        node_id=m["node_id"],
+        at=m["at"],
+        from_state=NodeState(m["from_state"]) if m["from_state"] is not None else None,
+        to_state=NodeState(m["to_state"]),
+        reason=m["reason"],
+        details=dict(m["details"] or {}),
+    )
+
+
+_NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
+
+
+class Store(JoinSecrets, JobQueue):
+    """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it."""
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def add_node(self, node: Node, event: NodeEvent) -> bool:
+        """Record a new node with its first event; False (and nothing written) if its id or
+        request id is already recorded, which makes a re-delivered launch intent harmless."""
+        if event.node_id != node.id or event.to_state != node.state:
+            raise ValueError(f"event {event.from_state}->{event.to_state} for {event.node_id} "
+                             f"does not create node {node.id} in {node.state}")
+        for name in ("state_since", "created_at"):
+            require_aware(getattr(node, name), name)
+        with self._write() as conn:
+            # DO NOTHING on any unique key (id or request_id) rather than catching the error:
+            # on PostgreSQL a failed statement would poison the transaction.
+            inserted = conn.execute(
+                self._insert(T.nodes).values(**_node_values(node)).on_conflict_do_nothing()
+            ).rowcount == 1
+            if inserted:
+                conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
+        return inserted
+
+    def get_node(self, node_id: str) -> Node | None:
+        return self._one_node(T.nodes.c.id == node_id)
+
+    def node_by_request(self, request_id: str) -> Node | None:
+        return self._one_node(T.nodes.c.request_id == request_id)
+
+    def node_by_instance(self, instance_id: str) -> Node | None:
+        """The node of a provider instance (the newest, should an id ever have been reused)."""
+        return self._one_node(T.nodes.c.instance_id == instance_id)
+
+    def nodes(
+        self,
+        policy: str | None = None,
+        states: Iterable[NodeState] | None = None,
+        include_terminated: bool = False,
+    ) -> list[Node]:
+        """Nodes by creation order. Terminated nodes are left out unless ``include_terminated``
+        or ``states`` names TERMINATED explicitly."""
+        c = T.nodes.c
+        query = sa.select(*_NODE_COLUMNS).order_by(c.created_at, c.id)
+        if policy is not None:
+            query = query.where(c.policy == policy)
+        if states is not None:
+            wanted = {NodeState(s) for s in states}
+            query = query.where(c.state.in_(sorted(s.value for s in wanted)))
+        elif not include_terminated:
+            query = query.where(c.state != NodeState.TERMINATED.value)
+        with self._read() as conn:
+            return [_node_from_row(r) for r in conn.execute(query)]
+
+    def save_transition(self, old: Node, new: Node, event: NodeEvent) -> bool:
+        """Write ``new`` (from ``lifecycle.transition(old, ...)``) if the stored node is still at
+        ``old.version``, appending ``event`` in the same transaction. False: someone else changed
+        the node first; nothing was written."""
+        if new.id != old.id or event.node_id != old.id:
+            raise ValueError(f"transition of {old.id} given node {new.id} / event {event.node_id}")
+        if new.version != old.version + 1:
+            raise ValueError(f"node {old.id}: new version {new.version} must be {old.version + 1}")
+        if event.from_state != old.state or event.to_state != new.state:
+            raise ValueError(f"node {old.id}: event {event.from_state}->{event.to_state} does not "
+                             f"match {old.state}->{new.state}")
+        if not can_transition(old.state, new.state):
+            raise IllegalTransition(f"node {old.id}: {old.state} -> {new.state} is not allowed")
+        values = _node_values(new)
+        del values["id"]
+        c = T.nodes.c
+        stmt = sa.update(T.nodes).where(c.id == old.id, c.version == old.version).values(**values)
+        with self._write() as conn:
+            won = conn.execute(stmt).rowcount == 1
+            if won:
+                conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
+        return won
+
+    def update_node(self, old: Node, **changes: Any) -> Node | None:
+        """Compare-and-set non-state fields (heartbeat, busy GPUs, instance id...). Returns the
+        new node, or None if the stored node is no longer at ``old.version``."""
+        refused = _NOT_UPDATABLE & changes.keys()
+        if refused:
+            raise ValueError(f"update_node cannot change {sorted(refused)}: state changes go "
+                             "through save_transition; id and version belong to the store")
+        new = replace(old, **changes, version=old.version + 1)
+        values = {k: v for k, v in _node_values(new).items() if k in changes}
+        values["version"] = new.version
+        c = T.nodes.c
+        stmt = sa.update(T.nodes).where(c.id == old.id, c.version == old.version).values(**values)
+        with self._write() as conn:
+            won = conn.execute(stmt).rowcount == 1
+        return new if won else None
+
+    def events(self, node_id: str | None = None, limit: int = 1000) -> list[NodeEvent]:
+        """The latest ``limit`` events (of one node, or all), oldest first."""
+        c = T.node_events.c
+        query = sa.select(T.node_events).order_by(c.id.desc()).limit(limit)
+        if node_id is not None:
+            query = query.where(c.node_id == node_id)
+        with self._read() as conn:
+            rows = list(conn.execute(query))
+        return [_event_from_row(r) for r in reversed(rows)]
+
+    def _one_node(self, where: sa.ColumnElement[bool]) -> Node | None:
+        c = T.nodes.c
+        query = sa.select(*_NODE_COLUMNS).where(where).order_by(c.created_at.desc()).limit(1)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return _node_from_row(row) if row is not None else None
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def add_decision(self, decision: Decision) -> None:
+        """Record a decision; adding the same id again is a no-op (re-delivered ticks)."""
+        record = decision_to_json(decision)
+        stmt = self._insert(T.decisions).values(
+            id=decision.id, policy=decision.policy, at=require_aware(decision.at, "decision.at"),
+            rule=decision.rule.value, summary=decision.summary, record=record,
+        ).on_conflict_do_nothing(index_elements=["id"])
+        with self._write() as conn:
+            conn.execute(stmt)
+
+    def get_decision(self, decision_id: str) -> Decision | None:
+        c = T.decisions.c
+        with self._read() as conn:
+            record = conn.execute(sa.select(c.record).where(c.id == decision_id)).scalar()
+        return decision_from_json(record) if record is not None else None
+
+    def decisions(self, policy: str | None = None, limit: int = 50) -> list[Decision]:
+        """The latest decisions, newest first."""
+        c = T.decisions.c
+        query = sa.select(c.record).order_by(c.at.desc(), c.id.desc()).limit(limit)
+        if policy is not None:
+            query = query.where(c.policy == policy)
+        with self._read() as conn:
+            return [decision_from_json(r) for r in conn.execute(query).scalars()]
+
+    # -- planner memory ------------------------------------------------------------------------
+
+    def load_memory(self) -> dict[str, PolicyMemory]:
+        with self._read() as conn:
+            rows = conn.execute(sa.select(T.policy_memory)).all()
+        return {
+            r.policy: PolicyMemory(
+                trigger_since=r.trigger_since,
+                last_launch_at=r.last_launch_at,
+                last_drain_at=r.last_drain_at,
+            )
+            for r in rows
+        }
+
+    def save_memory(self, policy: str, memory: PolicyMemory) -> None:
+        values = {
+            "trigger_since": memory.trigger_since,
+            "last_launch_at": memory.last_launch_at,
+            "last_drain_at": memory.last_drain_at,
+        }
+        stmt = self._insert(T.policy_memory).values(policy=policy, **values)
+        stmt = stmt.on_conflict_do_update(index_elements=["policy"], set_=values)
+        with self._write() as conn:
+            conn.execute(stmt)
+
+    # -- capacity blocks -----------------------------------------------------------------------
+
+    def add_capacity_block(self, block: CapacityBlock, now: datetime) -> None:
+        """Exclude an offering until ``block.until``; blocks already expired at ``now`` are
+        pruned in the same transaction so the table stays small."""
+        c = T.capacity_blocks.c
+        with self._write() as conn:
+            conn.execute(sa.delete(T.capacity_blocks).where(c.until <= require_aware(now, "now")))
+            conn.execute(sa.insert(T.capacity_blocks).values(
+                offering_key=block.offering_key, until=require_aware(block.until, "until"),
+                reason=block.reason, created_at=now,
+            ))
+
+    def capacity_blocks(self, now: datetime) -> list[CapacityBlock]:
+        """Blocks in force at ``now``, one per offering (the one lasting longest)."""
+        c = T.capacity_blocks.c
+        query = (
+            sa.select(c.offering_key, c.until, c.reason)
+            .where(c.until > require_aware(now, "now"))
+            .order_by(c.offering_key, c.until.desc(), c.id.desc())
+        )
+        latest: dict[str, CapacityBlock] = {}
+        with self._read() as conn:
+            for r in conn.execute(query):
+                latest.setdefault(r.offering_key, CapacityBlock(r.offering_key, r.until, r.reason))
+        return list(latest.values())

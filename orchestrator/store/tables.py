@@ -1,0 +1,208 @@
+"""SQLAlchemy 2 models of the state store: the schema, portable across SQLite and PostgreSQL.
+
+These models describe the schema; the migrations in ``migrations/versions`` create it. A test
+checks that the two agree. Enumerations are stored as plain strings (not database enums) so that
+adding a state needs no type migration on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Explicit constraint names: SQLite batch migrations can only alter constraints that have names,
+# and the hand-written migration must produce exactly these.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only autoincrements a column declared exactly INTEGER PRIMARY KEY; PostgreSQL gets 64 bits
+# because the append-only tables grow without bound.
+BigIntId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+STR_ID = 64  # node, request, decision and job ids
+STR_NAME = 128  # policy, pool, project, provider names
+STR_KEY = 255  # offering keys, instance ids, hashes
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp that only accepts tz-aware datetimes and always returns them in UTC.
+
+    SQLite has no timezone type: values are stored as naive UTC text of fixed width, so string
+    comparison in SQL orders them correctly. PostgreSQL stores ``timestamptz``; results are
+    converted to UTC whatever the session's TimeZone is.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        if value.tzinfo is None or value.utcoffset() is None:
+            # A naive time is ambiguous; accepting it would silently shift times by the host offset.
+            raise ValueError(f"naive datetime {value.isoformat()} given; pass a tz-aware UTC time")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UtcDateTime(),
+        dict[str, Any]: sa.JSON(),
+    }
+
+
+class NodeRow(Base):
+    """One burst node: the fields of ``domain.Node`` plus its join secrets (hashes only)."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), index=True)
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    provider: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    offering_key: Mapped[str] = mapped_column(sa.String(STR_KEY))
+    instance_type: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    market: Mapped[str] = mapped_column(sa.String(16))
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    price_usd_hour: Mapped[float] = mapped_column(sa.Float)
+    state: Mapped[str] = mapped_column(sa.String(32), index=True)
+    state_since: Mapped[datetime]
+    created_at: Mapped[datetime]
+    request_id: Mapped[str] = mapped_column(sa.String(STR_ID), unique=True)
+    instance_id: Mapped[str | None] = mapped_column(sa.String(STR_KEY), index=True)
+    project: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    gpus_busy: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    running_jobs: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    idle_since: Mapped[datetime | None]
+    last_heartbeat: Mapped[datetime | None]
+    drain_deadline: Mapped[datetime | None]
+    released: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    launch_attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    join_token_hash: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
+    join_token_expires_at: Mapped[datetime | None]
+    join_token_used_at: Mapped[datetime | None]
+    credential_hash: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
+    # Reserved for leader fencing: a writer will stamp its lease epoch so a deposed leader's
+    # late writes can be refused.
+    fence: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+
+
+class NodeEventRow(Base):
+    """An append-only record of one node state change."""
+
+    __tablename__ = "node_events"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(sa.String(STR_ID), index=True)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(sa.String(32))
+    to_state: Mapped[str] = mapped_column(sa.String(32))
+    reason: Mapped[str] = mapped_column(sa.Text)
+    details: Mapped[dict[str, Any]]
+
+
+class DecisionRow(Base):
+    """One planner decision; ``record`` holds the whole Decision as JSON (see ``codec``)."""
+
+    __tablename__ = "decisions"
+
+    id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), index=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    rule: Mapped[str] = mapped_column(sa.String(32))
+    summary: Mapped[str] = mapped_column(sa.Text)
+    record: Mapped[dict[str, Any]]
+
+
+class PolicyMemoryRow(Base):
+    """The planner's carried state for one policy (hysteresis and cooldown clocks)."""
+
+    __tablename__ = "policy_memory"
+
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    trigger_since: Mapped[datetime | None]
+    last_launch_at: Mapped[datetime | None]
+    last_drain_at: Mapped[datetime | None]
+
+
+class CapacityBlockRow(Base):
+    """An offering excluded after a capacity error, until ``until``."""
+
+    __tablename__ = "capacity_blocks"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    offering_key: Mapped[str] = mapped_column(sa.String(STR_KEY), index=True)
+    until: Mapped[datetime]
+    reason: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
+    created_at: Mapped[datetime]
+
+
+class JobRow(Base):
+    """A job of the built-in queue."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (sa.Index("ix_jobs_state_pool", "state", "pool"),)
+
+    id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    priority: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    duration_s: Mapped[float | None] = mapped_column(sa.Float)
+    command: Mapped[str | None] = mapped_column(sa.Text)
+    state: Mapped[str] = mapped_column(sa.String(32))
+    placement: Mapped[str | None] = mapped_column(sa.String(16))
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), index=True)
+    submitted_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(sa.Integer)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+
+
+class JoinAttemptRow(Base):
+    """Audit log of node-agent registration attempts, successful or not."""
+
+    __tablename__ = "join_attempts"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), index=True)
+    at: Mapped[datetime]
+    ok: Mapped[bool] = mapped_column(sa.Boolean)
+    reason: Mapped[str] = mapped_column(sa.Text)
+    remote: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
+
+
+# Core handles for the repository, which issues compare-and-set statements rather than using the
+# unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
+nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
+node_events: sa.Table = NodeEventRow.__table__  # type: ignore[assignment]
+decisions: sa.Table = DecisionRow.__table__  # type: ignore[assignment]
+policy_memory: sa.Table = PolicyMemoryRow.__table__  # type: ignore[assignment]
+capacity_blocks: sa.Table = CapacityBlockRow.__table__  # type: ignore[assignment]
+jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
+join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
