@@ -57,7 +57,8 @@ def render_plan(result: Plan) -> None:
         out.print(inputs)
         if decision.options:
             options = Table(title="offerings considered")
-            for col in ("offering", "GPUs", "$/h", "nodes", "expected $", "note"):
+            options.add_column("offering", overflow="fold")
+            for col in ("GPUs", "$/h", "nodes", "expected $", "note"):
                 options.add_column(col)
             for o in decision.options:
                 note = o.rejected or ("chosen" if o.offering_key == decision.chosen else "")

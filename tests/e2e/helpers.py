@@ -1,0 +1,76 @@
+"""Helpers for end-to-end tests: run the `burst` CLI as a user would, find node processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+# Prefer the console script of the interpreter running the tests (a venv need not be activated).
+_BESIDE = Path(sys.executable).with_name("burst")
+BURST = str(_BESIDE) if _BESIDE.exists() else shutil.which("burst")
+FAST_POLICY = Path(__file__).with_name("fast-policy.yaml")
+
+
+def burst_cmd(*args: str) -> list[str]:
+    """The `burst` console script if installed, else the same entry point through Python."""
+    if BURST:
+        return [BURST, *args]
+    return [sys.executable, "-c", "from orchestrator.cli import main; main()", *args]
+
+
+def run_burst(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run(burst_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                            env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        raise AssertionError(f"burst {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def burst_json(*args: str, env: dict | None = None):
+    return json.loads(run_burst(*args, "--json", env=env, check=True).stdout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (a test's own state directory)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if marker in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def kill_all(marker: str) -> None:
+    for proc in node_processes(marker):
+        try:
+            os.killpg(os.getpgid(proc.pid), 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
