@@ -75,53 +75,132 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
-def _to_data(
-    node: yaml.Node, loader: _PlainLoader, loc: Loc, marks: dict[Loc, tuple[int, int]],
-    problems: list[tuple[Loc, str]],
-) -> Any:
-    if isinstance(node, yaml.MappingNode):
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+@dataclass(slots=True)
+class _Composer:
+    """Turns composed YAML nodes into plain data, recording positions and problems on the way."""
+
+    loader: _PlainLoader
+    marks: dict[Loc, tuple[int, int]]
+    # (location, message, position when it differs from the location's own, e.g. a duplicate key)
+    problems: list[tuple[Loc, str, tuple[int, int] | None]]
+    # Locations whose value could not be built; validation errors at or below them are noise.
+    broken: set[Loc]
+
+    def data(self, node: yaml.Node, loc: Loc, active: frozenset[int] = frozenset()) -> Any:
+        if id(node) in active:  # an alias that refers to one of its own ancestors
+            self._fail(loc, "recursive YAML alias")
+            return None
+        active = active | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, loc, active)
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for index, item in enumerate(node.value):
+                self.marks[loc + (index,)] = _mark(item)
+                items.append(self.data(item, loc + (index,), active))
+            return items
+        return self._scalar(node, loc)
+
+    def _fail(self, loc: Loc, message: str, mark: tuple[int, int] | None = None) -> None:
+        self.problems.append((loc, message, mark))
+        self.broken.add(loc)
+
+    def _scalar(self, node: yaml.Node, loc: Loc) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # unknown tag such as !foo or !!python/object
+            reason = getattr(exc, "problem", None) or exc
+            self._fail(loc, f"unsupported YAML value: {reason}", _mark(node))
+            return None
+
+    def _mapping(self, node: yaml.MappingNode, loc: Loc, active: frozenset[int]) -> dict[str, Any]:
         result: dict[str, Any] = {}
+        merges: list[yaml.Node] = []
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node)
+            if key_node.tag == _MERGE_TAG:
+                merges.append(value_node)
+                continue
+            try:
+                key = self.loader.construct_object(key_node, deep=True)
+            except yaml.YAMLError as exc:
+                message = f"unsupported YAML key: {getattr(exc, 'problem', None) or exc}"
+                self.problems.append((loc, message, _mark(key_node)))
+                continue
             if not isinstance(key, str):
-                marks[loc + (str(key),)] = _mark(key_node)
-                problems.append((loc + (str(key),), f"keys must be strings, not {key!r}"))
+                message = f"keys must be strings, not {key!r}"
+                self.problems.append((loc + (str(key),), message, _mark(key_node)))
                 continue
-            marks[loc + (key,)] = _mark(key_node)
-            if key in result:
-                problems.append((loc + (key,), f"duplicate key {key!r}"))
+            if key in result:  # reported where the second one is; the first one is validated
+                self.problems.append((loc + (key,), f"duplicate key {key!r}", _mark(key_node)))
                 continue
-            result[key] = _to_data(value_node, loader, loc + (key,), marks, problems)
+            self.marks[loc + (key,)] = _mark(key_node)
+            result[key] = self.data(value_node, loc + (key,), active)
+        # YAML merge keys (`<<: *defaults`): keys written here win, then earlier merged mappings.
+        for merge in merges:
+            sources = merge.value if isinstance(merge, yaml.SequenceNode) else [merge]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    message = "'<<' merges a mapping or a list of mappings"
+                    self.problems.append((loc + ("<<",), message, _mark(source)))
+                    continue
+                inner = _Composer(self.loader, {}, self.problems, self.broken)
+                merged = inner.data(source, loc, active)
+                for key, value in (merged or {}).items():
+                    if key in result:
+                        continue
+                    result[key] = value
+                    for sub_loc, mark in inner.marks.items():
+                        if sub_loc[: len(loc) + 1] == loc + (key,):
+                            self.marks.setdefault(sub_loc, mark)
         return result
-    if isinstance(node, yaml.SequenceNode):
-        items = []
-        for index, item in enumerate(node.value):
-            marks[loc + (index,)] = _mark(item)
-            items.append(_to_data(item, loader, loc + (index,), marks, problems))
-        return items
-    return loader.construct_object(node, deep=True)
 
 
-def parse_yaml(text: str, file: str) -> tuple[Any, _Positions]:
-    """Parse YAML text into plain data and the position of every key; raise PolicyError."""
+def _yaml_error_message(exc: yaml.YAMLError) -> str:
+    problem = getattr(exc, "problem", None)
+    context = getattr(exc, "context", None)
+    if not problem:
+        return str(exc)
+    if context and problem.startswith("but "):
+        return f"{context}, {problem}"
+    return f"{context}: {problem}" if context else problem
+
+
+def _parse(text: str, file: str) -> tuple[Any, _Positions, list[Problem], set[Loc]]:
+    """Parse YAML into data and positions, collecting structural problems instead of raising.
+
+    A syntax error still raises PolicyError at once: nothing after it can be trusted.
+    """
     loader = _PlainLoader(text)
     try:
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise PolicyError([Problem(file, line, column, "<yaml>", f"invalid YAML: {problem}")]) from None
+        message = f"invalid YAML: {_yaml_error_message(exc)}"
+        raise PolicyError([Problem(file, line, column, "<yaml>", message)]) from None
     finally:
         loader.dispose()
     marks: dict[Loc, tuple[int, int]] = {(): (1, 1)}
     if node is None:
-        return None, _Positions(marks)
-    problems: list[tuple[Loc, str]] = []
-    data = _to_data(node, _PlainLoader(""), (), marks, problems)
+        return None, _Positions(marks), [], set()
+    composer = _Composer(_PlainLoader(""), marks, [], set())
+    data = composer.data(node, ())
     positions = _Positions(marks)
+    problems = [
+        Problem(file, *mark, format_loc(loc), msg) if mark else _problem(file, positions, loc, msg)
+        for loc, msg, mark in composer.problems
+    ]
+    return data, positions, list(dict.fromkeys(problems)), composer.broken
+
+
+def parse_yaml(text: str, file: str) -> tuple[Any, _Positions]:
+    """Parse YAML text into plain data and the position of every key; raise PolicyError."""
+    data, positions, problems, _ = _parse(text, file)
     if problems:
-        raise PolicyError([_problem(file, positions, loc, msg) for loc, msg in problems])
+        raise PolicyError(problems)
     return data, positions
 
 
@@ -210,19 +289,26 @@ def _messages(error: dict[str, Any], model: type[BaseModel]) -> list[tuple[Loc, 
 
 def load_policy_text(text: str, file: str = "<policy>") -> Policy:
     """Validate policy YAML text; raise PolicyError listing every problem."""
-    data, positions = parse_yaml(text, file)
+    data, positions, problems, broken = _parse(text, file)
     if not isinstance(data, dict):
+        if problems:
+            raise PolicyError(problems)
         raise PolicyError([Problem(file, 1, 1, "<policy>", "a policy is a YAML mapping of keys")])
     try:
         # JSON mode: strict types, and enums accept their string values.
-        return Policy.model_validate_json(json.dumps(data, default=str))
+        policy = Policy.model_validate_json(json.dumps(data, default=str))
     except ValidationError as exc:
-        problems = []
         for error in exc.errors(include_url=False):
             for loc, message in _messages(error, Policy):
+                if any(loc[: len(bad)] == bad for bad in broken):
+                    continue  # already reported: the value could not be read at all
                 problems.append(_problem(file, positions, loc, message))
-        problems.sort(key=lambda p: (p.line, p.column, p.path))
-        raise PolicyError(problems) from None
+    else:
+        if not problems:
+            return policy
+    problems = list(dict.fromkeys(problems))
+    problems.sort(key=lambda p: (p.line, p.column, p.path))
+    raise PolicyError(problems)
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -231,5 +317,10 @@ def load_policy(path: str | Path) -> Policy:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise PolicyError([Problem(str(path), 1, 1, "<file>", f"cannot read: {exc.strerror}")]) from None
+        reason = exc.strerror or str(exc)
+        raise PolicyError([Problem(str(path), 1, 1, "<file>", f"cannot read: {reason}")]) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        message = f"cannot read: not UTF-8 text (byte {exc.object[exc.start]:#04x})"
+        raise PolicyError([Problem(str(path), line, 1, "<file>", message)]) from None
     return load_policy_text(text, str(path))
