@@ -6,14 +6,16 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
 from orchestrator.policy import Policy, PolicyError, load_policy
-from orchestrator.wiring import Settings
+
+if TYPE_CHECKING:
+    from orchestrator.wiring import Settings
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -28,6 +30,8 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def load_settings(**overrides: Any) -> Settings:
     """Settings from BURST_* variables / BURST_SETTINGS_FILE, with CLI overrides on top."""
+    from orchestrator.wiring import Settings
+
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:

@@ -12,7 +12,6 @@ from orchestrator.cli.common import fail, load_settings, out, print_json
 from orchestrator.cli.plan_cmd import render_plan
 from orchestrator.domain.plan import Plan
 from orchestrator.domain.snapshot_json import decision_to_jsonable
-from orchestrator.store import Store
 
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
 
@@ -25,6 +24,8 @@ def decisions_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List recent decisions, newest first."""
+    from orchestrator.store import Store
+
     store = Store(load_settings(state_dir=state_dir).store_url)
     store.upgrade()
     found = store.decisions(policy=policy, limit=limit * 20 if acted else limit)
@@ -48,6 +49,8 @@ def explain_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one decision: inputs, rule, offerings weighed with their cost, and actions."""
+    from orchestrator.store import Store
+
     store = Store(load_settings(state_dir=state_dir).store_url)
     store.upgrade()
     decision = store.get_decision(decision_id)

@@ -14,11 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.common import err, fail, load_policies, out, print_json
-from orchestrator.demo import SPIKE, DemoSummary, run_demo
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import NodeState
-from orchestrator.loop import TickReport
-from orchestrator.wiring import ProviderUnavailable, Runtime
 
 
 def demo_command(
@@ -27,6 +24,8 @@ def demo_command(
     timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 240.0,
 ) -> None:
     """Run a whole burst cycle (spike -> launch -> join -> run -> drain -> terminate) in ~1 minute."""
+    from orchestrator.demo import SPIKE
+
     [chosen] = load_policies([policy] if policy else None)
     logging.basicConfig(level=logging.ERROR)
     if as_json:
@@ -38,7 +37,7 @@ def demo_command(
                   "timings shortened to seconds for the demo")
         progress = _Progress()
         with Live(progress.render(), console=err, refresh_per_second=4, transient=False) as live:
-            def on_tick(runtime: Runtime, report: TickReport) -> None:
+            def on_tick(runtime, report) -> None:
                 progress.update(runtime, report)
                 live.update(progress.render())
             summary = _run(chosen, on_tick, timeout)
@@ -47,7 +46,10 @@ def demo_command(
         raise typer.Exit(1)
 
 
-def _run(policy, on_tick, timeout: float) -> DemoSummary:
+def _run(policy, on_tick, timeout: float):
+    from orchestrator.demo import run_demo
+    from orchestrator.wiring import ProviderUnavailable
+
     try:
         return run_demo(policy, on_tick=on_tick, timeout_s=timeout)
     except ProviderUnavailable as exc:
@@ -65,7 +67,7 @@ class _Progress:
         self.elapsed = 0.0
         self.first = None
 
-    def update(self, runtime: Runtime, report: TickReport) -> None:
+    def update(self, runtime, report) -> None:
         jobs = runtime.store.jobs()
         with self._lock:
             self.first = self.first or report.at
@@ -98,7 +100,7 @@ class _Progress:
             return Group(head, table, Text("\n".join(self.lines)))
 
 
-def _print_summary(s: DemoSummary) -> None:
+def _print_summary(s) -> None:
     table = Table(title="burst demo summary", show_header=False)
     rows = [
         ("jobs run on-prem / burst", f"{s.jobs_onprem} / {s.jobs_burst} (of {s.jobs_total})"),

@@ -13,14 +13,14 @@ from orchestrator.cli.common import age, fail, load_policies, load_settings, out
 from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import NodeState
 from orchestrator.policy import parse_duration
-from orchestrator.sources.builtin import BuiltinQueue
-from orchestrator.store import Store
 
 _PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) the loop runs; default: the shipped default.")]
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
 
 
-def _store(state_dir: Path | None) -> Store:
+def _store(state_dir: Path | None):
+    from orchestrator.store import Store
+
     settings = load_settings(state_dir=state_dir)
     store = Store(settings.store_url)
     store.upgrade()
@@ -67,6 +67,8 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                    as_json: Annotated[bool, typer.Option("--json")] = False,
                    all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False) -> None:
     """Show the queue, on-prem usage and every burst node."""
+    from orchestrator.sources.builtin import BuiltinQueue
+
     policies = load_policies(policy)
     store = _store(state_dir)
     now = datetime.now(UTC)

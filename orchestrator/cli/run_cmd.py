@@ -9,12 +9,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.api import create_app
-from orchestrator.api.server import ApiServer
 from orchestrator.cli.common import err, fail, load_policies, load_settings, setup_logging
-from orchestrator.loop import ControlLoop, TickReport
-from orchestrator.store import Store
-from orchestrator.wiring import ProviderUnavailable, build_runtime
 
 
 def run_command(
@@ -25,6 +20,11 @@ def run_command(
     once: Annotated[bool, typer.Option("--once", help="Run a single tick and exit.")] = False,
 ) -> None:
     """Run the control loop: observe -> plan -> execute -> reconcile, every tick, until stopped."""
+    from orchestrator.api import create_app
+    from orchestrator.api.server import ApiServer
+    from orchestrator.loop import ControlLoop, TickReport
+    from orchestrator.wiring import ProviderUnavailable, build_runtime
+
     settings = load_settings(tick_s=tick, state_dir=state_dir, api_port=port)
     setup_logging(settings.log_level)
     policies = load_policies(policy)
@@ -86,6 +86,8 @@ def db_upgrade(
     database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL (BURST_DATABASE_URL).")] = None,
 ) -> None:
     """Apply the database migrations (Alembic) up to the newest."""
+    from orchestrator.store import Store
+
     settings = load_settings(database_url=database_url)
     try:
         store = Store(settings.store_url)

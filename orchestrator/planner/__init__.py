@@ -29,7 +29,7 @@ from orchestrator.domain.plan import (
     Rule,
 )
 from orchestrator.domain.snapshot import PolicyMemory, Snapshot
-from orchestrator.planner.demand import Demand, absorb, oldest_wait_s
+from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, resolve_candidates
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import Grant, grant_nodes, pool_budget, price_options
@@ -72,7 +72,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
 
     beyond = demand.beyond_onprem
-    fired, trigger_text = _trigger(policy, beyond, now)
+    fired, trigger_text = _trigger(policy, demand, now)
     trigger_since = (memory.trigger_since or now) if fired else None
     held_for = (now - trigger_since).total_seconds() if trigger_since else 0.0
     inputs = _inputs(policy, demand, nodes, queue is not None, beyond, now, trigger_text, held_for)
@@ -165,12 +165,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
     return actions, decision, memory
 
 
-def _trigger(policy: Policy, beyond: tuple, now: datetime) -> tuple[bool, str]:
+def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     trigger = policy.trigger
-    gpus = sum(j.gpus for j in beyond)
-    wait = oldest_wait_s(beyond, now)
+    gpus = demand.pending_gpus - sum(j.gpus for j in demand.onprem_absorbed)
+    wait = demand.oldest_wait_s(now)
     by_gpus = gpus > trigger.pending_gpus_above
-    by_wait = bool(beyond) and wait > trigger.oldest_wait_above.total_seconds()
+    by_wait = bool(demand.beyond_onprem) and wait > trigger.oldest_wait_above.total_seconds()
     fired = (by_gpus or by_wait) if trigger.combine is TriggerCombine.ANY else (by_gpus and by_wait)
     text = (f"pending GPUs beyond on-prem {gpus} {'>' if by_gpus else '<='} "
             f"{trigger.pending_gpus_above} {trigger.combine} oldest wait {wait:.0f}s "
@@ -229,7 +229,7 @@ def _inputs(policy: Policy, demand: Demand, nodes: list[Node], observed: bool, b
         "pending_jobs": len(demand.ordered),
         "pending_gpus": demand.pending_gpus,
         "pending_gpus_beyond_onprem": sum(j.gpus for j in beyond),
-        "oldest_wait_s": round(oldest_wait_s(beyond, now), 1),
+        "oldest_wait_s": round(demand.oldest_wait_s(now), 1),
         "absorbed_onprem_gpus": sum(j.gpus for j in demand.onprem_absorbed),
         "absorbed_burst_gpus": sum(j.gpus for j in demand.burst_absorbed),
         "unmet_gpus": demand.unmet_gpus,

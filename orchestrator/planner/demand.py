@@ -12,7 +12,7 @@ queue's dispatcher and Slurm's backfill roughly do; it is an estimate for planni
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from orchestrator.domain.jobs import Job
@@ -21,77 +21,90 @@ from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.policy.models import Policy
 
 
-@dataclass(slots=True)
 class Bins:
-    """Free GPUs per node, with a running total so a full set of bins stops work early."""
+    """Free GPUs per node, indexed by how many GPUs are free, so placing a job is O(node size).
 
-    free: list[int]
-    owners: list[str | None] = field(default_factory=list)  # node id per bin (None: on-prem)
-    node_size: int = 0  # GPUs of a whole node, for multi-node jobs (0: size of the largest bin)
-    total: int = 0
+    A job goes to the bin with the *least* free room that fits it (best fit), which keeps whole
+    nodes free for wide jobs. ``total`` lets a full set of bins stop the work early.
+    """
 
-    def __post_init__(self) -> None:
+    __slots__ = ("free", "owners", "node_size", "total", "_by_free")
+
+    def __init__(self, free: list[int], owners: list[str | None] | None = None, node_size: int = 0):
+        self.free = list(free)
+        self.owners = list(owners) if owners else [None] * len(self.free)
+        self.node_size = node_size or max(self.free, default=0)
         self.total = sum(self.free)
-        if not self.owners:
-            self.owners = [None] * len(self.free)
-        if not self.node_size:
-            self.node_size = max(self.free, default=0)
+        top = max(self.free, default=0)
+        self._by_free: list[list[int]] = [[] for _ in range(top + 1)]
+        for index in range(len(self.free) - 1, -1, -1):  # pop() then yields the lowest index first
+            self._by_free[self.free[index]].append(index)
 
     def place(self, gpus: int) -> list[int] | None:
         """Place a job; return the indexes of the bins used, or None if it does not fit."""
-        if gpus <= 0 or gpus > self.total:
-            return None if gpus > 0 else []
+        if gpus <= 0:
+            return []
+        if gpus > self.total:
+            return None
+        by_free = self._by_free
         if gpus <= self.node_size:
-            for index, free in enumerate(self.free):
-                if free >= gpus:
-                    self.free[index] = free - gpus
-                    self.total -= gpus
+            for room in range(gpus, len(by_free)):
+                if by_free[room]:
+                    index = by_free[room].pop()
+                    self._move(index, room - gpus)
                     return [index]
             return None
         # Multi-node job: needs ceil(gpus / node_size) bins that are whole free nodes.
         needed = -(-gpus // self.node_size)
-        whole = [i for i, free in enumerate(self.free) if free >= self.node_size][:needed]
+        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
         if len(whole) < needed:
             return None
-        for index in whole:
-            self.total -= self.free[index]
-            self.free[index] = 0
-        return whole
+        used = sorted(whole)[:needed]
+        for index in used:
+            by_free[self.free[index]].remove(index)
+            self._move(index, 0)
+        return used
+
+    def _move(self, index: int, room: int) -> None:
+        self.total -= self.free[index] - room
+        self.free[index] = room
+        self._by_free[room].append(index)
 
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """The outcome of absorbing a pool's pending jobs into existing capacity."""
+    """The outcome of absorbing a pool's pending jobs into existing capacity (totals precomputed)."""
 
     ordered: tuple[Job, ...]  # every pending job, in scheduling order
     onprem_absorbed: tuple[Job, ...]
     burst_absorbed: tuple[Job, ...]
     unmet: tuple[Job, ...]  # fits nowhere: candidates for new nodes
     busy_nodes: frozenset[str]  # ready burst nodes that absorbed some pending job
+    beyond_onprem: tuple[Job, ...] = ()  # jobs on-prem cannot start now (the trigger looks at these)
+    pending_gpus: int = 0
+    unmet_gpus: int = 0
+    oldest_beyond: datetime | None = None  # submit time of the oldest job on-prem cannot start
 
-    @property
-    def pending_gpus(self) -> int:
-        return sum(j.gpus for j in self.ordered)
-
-    @property
-    def beyond_onprem(self) -> tuple[Job, ...]:
-        """Jobs on-prem cannot start now (the trigger looks at these)."""
-        absorbed = {j.id for j in self.onprem_absorbed}
-        return tuple(j for j in self.ordered if j.id not in absorbed)
-
-    @property
-    def unmet_gpus(self) -> int:
-        return sum(j.gpus for j in self.unmet)
+    def oldest_wait_s(self, now: datetime) -> float:
+        if self.oldest_beyond is None:
+            return 0.0
+        return max((now - self.oldest_beyond).total_seconds(), 0.0)
 
 
 def scheduling_order(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> list[Job]:
     """Higher project priority first, then higher job priority, then oldest, then id."""
     priorities = {p.name: p.priority for p in policy.projects}
     default = policy.default_project_priority
-    return sorted(
-        jobs,
-        key=lambda j: (-priorities.get(j.project, default), -j.priority, j.submitted_at, j.id),
-    )
+    # Two stable passes: queues arrive mostly in submit order, which makes the first pass nearly
+    # linear, and the second pass only runs when priorities differ.
+    ordered = sorted(jobs, key=_submit_key)
+    if priorities or default or any(j.priority for j in ordered):
+        ordered.sort(key=lambda j: (-priorities.get(j.project, default), -j.priority))
+    return ordered
+
+
+def _submit_key(job: Job) -> tuple:
+    return (job.submitted_at, job.id)
 
 
 def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand:
@@ -128,7 +141,11 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
             busy.update(o for o in (burst.owners[i] for i in used) if o is not None)
             continue
         unmet.append(job)
-    return Demand(tuple(ordered), tuple(onprem_absorbed), tuple(burst_absorbed), tuple(unmet), frozenset(busy))
+    beyond = tuple(burst_absorbed) + tuple(unmet)
+    oldest = min((j.submitted_at for j in beyond), default=None)
+    return Demand(tuple(ordered), tuple(onprem_absorbed), tuple(burst_absorbed), tuple(unmet),
+                  frozenset(busy), beyond, sum(j.gpus for j in ordered), sum(j.gpus for j in unmet),
+                  oldest)
 
 
 def oldest_wait_s(jobs: tuple[Job, ...], now: datetime) -> float:

@@ -1,0 +1,73 @@
+"""Benchmark: plan() time on large snapshots. Prints figures; not a test.
+
+    python bench/bench_plan.py [--repeat 7]
+
+Scenarios grow to 100k pending jobs, 10k burst nodes and 500 offerings (the simulator's target
+size). Jobs have realistic widths (1/2/4/8 GPUs, mostly small), 20 projects, a spread of submit
+times; nodes are spread over the lifecycle states; offerings are distinct instance types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+
+import yaml
+
+from orchestrator.domain import Job, Node, NodeState, Offering, OnPremState, PoolQueue, Snapshot
+from orchestrator.planner import plan
+from orchestrator.policy import Market, load_policy_text
+
+NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+
+
+def make_policy(offerings: int) -> object:
+    specs = [{"provider": "sim", "region": "r", "zone": "z", "instance_type": f"t{i}",
+              "market": "spot" if i % 2 else "on-demand", "gpus": [1, 2, 4, 8][i % 4],
+              "price_usd_hour": round(1.0 + i * 0.37 % 30, 2)} for i in range(offerings)]
+    doc = {"version": 1, "name": "bench", "pool": {"name": "gpu", "onprem": {"nodes": 500, "gpus_per_node": 8}},
+           "trigger": {"sustained_for": "0s"}, "offerings": specs,
+           "limits": {"max_nodes": 20000, "max_concurrent_launches": 200},
+           "projects": [{"name": f"p{i}", "priority": i % 3, "max_burst_gpus": 4000} for i in range(20)]}
+    return load_policy_text(yaml.safe_dump(doc), "bench")
+
+
+def make_snapshot(jobs: int, nodes: int, rng: random.Random) -> Snapshot:
+    widths = [1] * 50 + [2] * 25 + [4] * 15 + [8] * 10
+    pending = tuple(Job(f"j{i}", f"p{rng.randrange(20)}", "gpu", rng.choice(widths),
+                        NOW - timedelta(seconds=rng.randrange(1, 86400)), priority=rng.randrange(3),
+                        duration_s=rng.choice([600, 3600, 14400])) for i in range(jobs))
+    states = [NodeState.READY] * 7 + [NodeState.BOOTING, NodeState.DRAINING, NodeState.LAUNCHING]
+    fleet = tuple(Node(f"n{i}", "bench", "gpu", "sim", f"sim/r/z/t{i % 8}/spot", f"t{i % 8}", Market.SPOT, 8, 9.5,
+                       rng.choice(states), NOW - timedelta(minutes=rng.randrange(1, 600)),
+                       NOW - timedelta(hours=1), f"r{i}", instance_id=f"i{i}", project=f"p{i % 20}",
+                       gpus_busy=rng.choice([0, 8, 8, 8]), running_jobs=1,
+                       idle_since=None, last_heartbeat=NOW) for i in range(nodes))
+    free = tuple(rng.choice([0, 0, 0, 1, 2]) for _ in range(500))
+    queue = PoolQueue("gpu", OnPremState(4000, sum(free), free), pending)
+    return Snapshot(NOW, {"gpu": queue}, fleet, ())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    rng = random.Random(42)
+    print(f"{'pending jobs':>12} {'nodes':>6} {'offerings':>9} {'median ms':>10} {'min ms':>8}  actions")
+    for jobs, nodes, offerings in [(1_000, 100, 10), (10_000, 1_000, 50), (100_000, 10_000, 500)]:
+        policy = make_policy(offerings)
+        snapshot = make_snapshot(jobs, nodes, rng)
+        times = []
+        for _ in range(args.repeat):
+            began = time.perf_counter()
+            result = plan(snapshot, [policy], NOW)
+            times.append((time.perf_counter() - began) * 1000)
+        print(f"{jobs:>12} {nodes:>6} {offerings:>9} {statistics.median(times):>10.1f} {min(times):>8.1f}  "
+              f"{len(result.actions)} ({result.decisions[0].rule})")
+
+
+if __name__ == "__main__":
+    main()
