@@ -1,0 +1,615 @@
+"""Node agent: the process on every burst node that joins it to the controller and runs its work.
+
+Run as ``python -m orchestrator.fabric.agent --user-data FILE`` (or ``burst agent``). It reads the
+node's bootstrap, waits out the simulated boot delay, registers with its join token, then loops:
+heartbeat every ``heartbeat_s``; while idle and not draining, pull a job from the built-in queue and
+run it (a shell command in its own process group, or a timed sleep); report each job's outcome.
+A drain stops the pulling, lets the running job finish or hands it back, sends a final "released"
+heartbeat and exits.
+
+HTTP contract with the controller (JSON bodies; every call after registration carries
+``Authorization: Bearer <credential>``):
+
+* ``POST /v1/agent/register`` ``{node_id, join_token, gpus, gpu_model, hostname, pid}``
+  -> 200 ``{credential, heartbeat_s}``; 401/403 refuses the token for good; no answer or any
+  other status is retried with backoff for ~5 minutes.
+* ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id}``
+  -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs}``; 401/403: revoked.
+* ``POST /v1/agent/jobs/next`` ``{node_id, free_gpus}``
+  -> 200 ``{job: {id, command, duration_s, gpus}}`` or 204 when there is nothing to run.
+* ``POST /v1/agent/jobs/{id}/finish`` ``{node_id, outcome: done|failed|handed-back, exit_code}``;
+  ``exit_code`` is the command's status (negative: killed by that signal), 0 for a sleep that
+  ran out, null for a sleep handed back. 5xx and no answer are retried; other 4xx drop the report.
+
+Exit codes: 0 released, stopped by a signal, or drained; 2 unusable bootstrap; 3 the controller
+refused the join token or revoked the credential; 4 the controller stayed unreachable at
+registration.
+
+Standard library only (urllib for HTTP), so the agent starts on a bare cloud image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
+
+EXIT_OK = 0
+EXIT_BAD_BOOTSTRAP = 2
+EXIT_AUTH = 3
+EXIT_UNREACHABLE = 4
+
+BOOT_DELAY_ENV = "BURST_BOOT_DELAY_S"  # set by the local provider; wins over the bootstrap value
+WORK_DIR_ENV = "BURST_WORK_DIR"
+
+REGISTER_PATIENCE_S = 300.0  # the controller may be restarting; a few minutes is normal
+REGISTER_BACKOFF_MAX_S = 15.0
+HTTP_TIMEOUT_S = 10.0
+LAST_WORDS_TIMEOUT_S = 3.0  # on a signal the provider kills us hard after ~5 s
+JOB_STOP_GRACE_S = 3.0
+RELEASE_PATIENCE_S = 30.0
+POLL_S = 0.1  # longest the loop sleeps without looking at the signal flag
+
+log = logging.getLogger("burst.agent")
+
+
+class Unreachable(Exception):
+    """No HTTP answer at all: connection refused or reset, DNS, timeout."""
+
+
+class Revoked(Exception):
+    """The controller answered 401/403: the credential or token is no good any more."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any  # parsed JSON, or None when empty or not JSON
+
+
+class Controller:
+    """The controller's agent API, over urllib."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = HTTP_TIMEOUT_S):
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.credential: str | None = None
+
+    def post(self, path: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Answer:
+        """POST JSON; any HTTP status comes back as an Answer, no answer raises Unreachable."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.credential is not None:
+            headers["Authorization"] = f"Bearer {self.credential}"
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=json.dumps(payload).encode(),
+            headers=headers,
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
+                return Answer(response.status, _json_or_none(response.read()))
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return Answer(exc.code, _json_or_none(exc.read()))
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+            # HTTPException: a connection cut mid-answer; ValueError: a garbled URL or status line.
+            raise Unreachable(_describe_error(exc)) from exc
+
+
+def _json_or_none(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _describe_error(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    return f"{type(exc).__name__}: {reason if reason is not None else exc}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    id: str
+    command: str | None
+    duration_s: float | None
+    gpus: int
+
+    @classmethod
+    def from_json(cls, job: Any) -> JobSpec:
+        if not isinstance(job, dict) or job.get("id") in (None, ""):
+            raise ValueError("job without an id")
+        command = job.get("command")
+        duration = job.get("duration_s")
+        if command is not None and not isinstance(command, str):
+            raise ValueError("job command is not a string")
+        if command is None and duration is None:
+            raise ValueError("job has neither a command nor a duration")
+        return cls(
+            id=str(job["id"]),
+            command=command,
+            duration_s=None if duration is None else max(float(duration), 0.0),
+            gpus=int(job.get("gpus") or 0),
+        )
+
+
+class JobRun:
+    """One running job, watched by its own thread so the agent keeps heartbeating meanwhile."""
+
+    def __init__(self, spec: JobSpec, work_dir: Path, env: dict[str, str], on_end: threading.Event):
+        self.spec = spec
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._cancelled = False
+        self.outcome: str | None = None  # set once, when the job has ended
+        self.exit_code: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        if spec.command is not None:
+            safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", spec.id)
+            self.log_path = work_dir / "jobs" / f"{safe_id}.log"
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as out:
+                # Own process group (same session) so a stop reaches everything the job spawned,
+                # and the provider's sweep of the node's session still finds it.
+                self.proc = subprocess.Popen(
+                    ["bash", "-c", spec.command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=work_dir,
+                    env=env,
+                    process_group=0,
+                )
+        self._thread = threading.Thread(target=self._watch, name=f"job-{spec.id}", daemon=True)
+        self._thread.start()
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+    def _watch(self) -> None:
+        if self.proc is not None:
+            code: int | None = self.proc.wait()
+            # The job is over; anything it left running in its group would squat on the GPUs.
+            _killpg(self.proc.pid, signal.SIGKILL)
+        else:
+            interrupted = self._cancel.wait(self.spec.duration_s or 0.0)
+            code = None if interrupted else 0
+        with self._lock:
+            if self._cancelled:
+                self.outcome = "handed-back"
+            else:
+                self.outcome = "done" if code == 0 else "failed"
+            self.exit_code = code
+        self._on_end.set()
+
+    def stop(self, grace_s: float = JOB_STOP_GRACE_S) -> None:
+        """Stop the job now (it is handed back); a job that already ended keeps its outcome."""
+        with self._lock:
+            if self.outcome is not None:
+                return
+            self._cancelled = True
+        self._cancel.set()
+        if self.proc is not None:
+            _killpg(self.proc.pid, signal.SIGTERM)
+            self._thread.join(grace_s)
+            if self._thread.is_alive():
+                _killpg(self.proc.pid, signal.SIGKILL)
+        self._thread.join(grace_s)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Agent:
+    """Register, heartbeat, run work, honour drains. :meth:`run` returns the exit code."""
+
+    def __init__(
+        self,
+        boot: Bootstrap,
+        work_dir: Path,
+        *,
+        controller: Controller | None = None,
+        secrets: list[str] | None = None,
+    ):
+        self.boot = boot
+        # Shared with the log filter: the credential joins the redacted strings once issued.
+        self._secrets = secrets if secrets is not None else []
+        self.work_dir = work_dir
+        self.api = controller or Controller(boot.controller_url)
+        self.heartbeat_s = boot.heartbeat_s
+        self.job: JobRun | None = None
+        self._job_ended = threading.Event()
+        self._unreported: list[dict[str, Any]] = []  # finish reports the controller has not taken
+        self._signalled: int | None = None
+        self._draining = False
+        self._respect_running = True
+        self._deadline: datetime | None = None
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # Only a flag: taking locks inside a handler can deadlock against the interrupted code.
+        self._signalled = signum
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep, waking early on a signal or a job ending; False when a signal arrived."""
+        end = time.monotonic() + seconds
+        while self._signalled is None:
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            if self._job_ended.wait(min(left, POLL_S)):
+                return True
+        return False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if self.boot.boot_delay_s > 0:
+            log.info("booting (%.1fs)", self.boot.boot_delay_s)
+            if not self._sleep_ignoring_jobs(self.boot.boot_delay_s):
+                log.info("signal %s while booting; exiting", self._signalled)
+                return EXIT_OK
+        code = self._register()
+        if code is not None:
+            return code
+        try:
+            return self._loop()
+        except Revoked as exc:
+            log.error("controller revoked this node's credential (%s); stopping", exc)
+            if self.job is not None:
+                self.job.stop()
+            return EXIT_AUTH
+
+    def _sleep_ignoring_jobs(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while self._signalled is None and time.monotonic() < end:
+            time.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
+        return self._signalled is None
+
+    def _register(self) -> int | None:
+        payload = {
+            "node_id": self.boot.node_id,
+            "join_token": self.boot.join_token,
+            "gpus": self.boot.gpus,
+            "gpu_model": self.boot.gpu_model,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        give_up_at = time.monotonic() + REGISTER_PATIENCE_S
+        delay = 0.5
+        while True:
+            if self._signalled is not None:
+                return EXIT_OK
+            try:
+                answer = self.api.post("/v1/agent/register", payload)
+            except Unreachable as exc:
+                log.warning(
+                    "controller unreachable at registration (%s); retrying in %.1fs", exc, delay
+                )
+            else:
+                if answer.status in (401, 403):
+                    log.error(
+                        "controller refused the join token (HTTP %d); giving up", answer.status
+                    )
+                    return EXIT_AUTH
+                body = answer.body if isinstance(answer.body, dict) else {}
+                credential = body.get("credential")
+                if answer.status == 200 and isinstance(credential, str) and credential:
+                    self._secrets.append(credential)
+                    self.api.credential = credential
+                    try:
+                        if body.get("heartbeat_s") is not None and float(body["heartbeat_s"]) > 0:
+                            self.heartbeat_s = float(body["heartbeat_s"])
+                    except (TypeError, ValueError):
+                        log.warning("ignoring unusable heartbeat_s from the controller")
+                    log.info("registered; heartbeat every %.2fs", self.heartbeat_s)
+                    return None
+                log.warning(
+                    "unexpected registration answer HTTP %d; retrying in %.1fs",
+                    answer.status,
+                    delay,
+                )
+            if time.monotonic() + delay > give_up_at:
+                log.error("controller unreachable for %.0fs; giving up", REGISTER_PATIENCE_S)
+                return EXIT_UNREACHABLE
+            if not self._sleep_ignoring_jobs(delay):
+                return EXIT_OK
+            delay = min(delay * 2, REGISTER_BACKOFF_MAX_S)
+
+    def _loop(self) -> int:
+        next_heartbeat = 0.0
+        next_pull = 0.0
+        while True:
+            if self._signalled is not None:
+                return self._stop_on_signal()
+            self._collect_ended_job()
+            self._flush_reports()
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                next_heartbeat = now + self.heartbeat_s
+                self._heartbeat()
+            if self._draining:
+                if self.job is not None and (not self._respect_running or self._deadline_passed()):
+                    why = (
+                        "deadline passed"
+                        if self._respect_running
+                        else "not respecting running jobs"
+                    )
+                    log.info("drain (%s): handing back job %s", why, self.job.spec.id)
+                    self.job.stop()
+                    self._collect_ended_job()
+                    self._flush_reports()
+                if self.job is None:
+                    return self._release()
+            elif self.job is None and time.monotonic() >= next_pull and not self._pull_and_start():
+                next_pull = time.monotonic() + self.heartbeat_s
+            if self.job is None:
+                self._job_ended.clear()
+                wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_pull)
+            else:
+                wake_at = next_heartbeat  # or earlier: the job's end sets _job_ended
+            self._sleep(max(wake_at - time.monotonic(), 0.0))
+
+    def _heartbeat(self, status: str | None = None) -> Answer | None:
+        if status is None:
+            status = "busy" if self.job is not None else "idle"
+        payload = {
+            "node_id": self.boot.node_id,
+            "status": status,
+            "job_id": self.job.spec.id if self.job is not None else None,
+        }
+        try:
+            answer = self.api.post("/v1/agent/heartbeat", payload)
+        except Unreachable as exc:
+            log.warning("heartbeat failed (%s); retrying next interval", exc)
+            return None
+        if answer.status in (401, 403):
+            raise Revoked(f"heartbeat HTTP {answer.status}")
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            log.warning("heartbeat answered HTTP %d; retrying next interval", answer.status)
+            return None
+        if status != "released":
+            self._apply_drain(answer.body)
+        return answer
+
+    def _apply_drain(self, body: dict[str, Any]) -> None:
+        drain = bool(body.get("drain"))
+        if drain and not self._draining:
+            log.info(
+                "drain requested (deadline %s, respect running jobs: %s)",
+                body.get("deadline"),
+                body.get("respect_running_jobs", True),
+            )
+        elif self._draining and not drain:
+            log.info("drain cancelled by the controller; taking work again")
+        self._draining = drain
+        self._respect_running = bool(body.get("respect_running_jobs", True))
+        self._deadline = _parse_deadline(body.get("deadline"))
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and datetime.now(UTC) >= self._deadline
+
+    def _pull_and_start(self) -> bool:
+        """Ask for a job and start it; False when there is nothing to run (or no answer)."""
+        try:
+            answer = self.api.post(
+                "/v1/agent/jobs/next", {"node_id": self.boot.node_id, "free_gpus": self.boot.gpus}
+            )
+        except Unreachable as exc:
+            log.warning("asking for work failed (%s); retrying next interval", exc)
+            return False
+        if answer.status in (401, 403):
+            raise Revoked(f"jobs/next HTTP {answer.status}")
+        if answer.status == 204:
+            return False
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            log.warning("asking for work answered HTTP %d; retrying next interval", answer.status)
+            return False
+        raw = answer.body.get("job")
+        if raw is None:
+            return False
+        try:
+            spec = JobSpec.from_json(raw)
+        except (TypeError, ValueError) as exc:
+            job_id = raw.get("id") if isinstance(raw, dict) else None
+            log.error("controller sent an unusable job %r: %s", job_id, exc)
+            if job_id is not None:
+                self._unreported.append(_finish(str(job_id), "failed", None))
+            return False
+        self._job_ended.clear()
+        try:
+            self.job = JobRun(spec, self.work_dir, self._job_env(spec), self._job_ended)
+        except OSError as exc:
+            log.error("could not start job %s: %s", spec.id, exc)
+            self._unreported.append(_finish(spec.id, "failed", None))
+            return False
+        kind = "command" if spec.command is not None else f"sleep {spec.duration_s:.1f}s"
+        log.info("running job %s (%s)", spec.id, kind)
+        return True
+
+    def _job_env(self, spec: JobSpec) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != ENV_NAMES["join_token"]}
+        env.update(
+            BURST_JOB_ID=spec.id, BURST_NODE_ID=self.boot.node_id, BURST_JOB_GPUS=str(spec.gpus)
+        )
+        return env
+
+    def _collect_ended_job(self) -> None:
+        if self.job is None or not self.job.ended:
+            return
+        run, self.job = self.job, None
+        log.info("job %s ended: %s (exit code %s)", run.spec.id, run.outcome, run.exit_code)
+        self._unreported.append(_finish(run.spec.id, run.outcome or "failed", run.exit_code))
+
+    def _flush_reports(self, *, timeout_s: float | None = None) -> None:
+        while self._unreported:
+            report = self._unreported[0]
+            path = f"/v1/agent/jobs/{urllib.parse.quote(report['job_id'], safe='')}/finish"
+            body = {
+                "node_id": self.boot.node_id,
+                "outcome": report["outcome"],
+                "exit_code": report["exit_code"],
+            }
+            try:
+                answer = self.api.post(path, body, timeout_s=timeout_s)
+            except Unreachable as exc:
+                log.warning("reporting job %s failed (%s); will retry", report["job_id"], exc)
+                return
+            if answer.status in (401, 403):
+                raise Revoked(f"finish HTTP {answer.status}")
+            if answer.status >= 500:
+                log.warning(
+                    "reporting job %s answered HTTP %d; will retry", report["job_id"], answer.status
+                )
+                return
+            if answer.status >= 400:
+                # The controller no longer knows the job (requeued, cancelled): nothing to retry.
+                log.warning(
+                    "controller rejected the report of job %s (HTTP %d)",
+                    report["job_id"],
+                    answer.status,
+                )
+            self._unreported.pop(0)
+
+    def _release(self) -> int:
+        """Tell the controller this node runs nothing and may go; then exit."""
+        give_up_at = time.monotonic() + RELEASE_PATIENCE_S
+        while True:
+            self._flush_reports()
+            if not self._unreported and self._heartbeat("released") is not None:
+                log.info("released; exiting")
+                return EXIT_OK
+            if self._signalled is not None or time.monotonic() >= give_up_at:
+                log.warning("could not confirm the release with the controller; exiting anyway")
+                return EXIT_OK
+            self._sleep_ignoring_jobs(min(self.heartbeat_s, 1.0))
+
+    def _stop_on_signal(self) -> int:
+        log.info("signal %s: stopping", self._signalled)
+        if self.job is not None:
+            log.info("handing back job %s", self.job.spec.id)
+            self.job.stop()
+            self._collect_ended_job()
+        try:
+            self._flush_reports(timeout_s=LAST_WORDS_TIMEOUT_S)
+        except Revoked:
+            pass
+        if self._unreported:
+            log.warning("could not report %d job outcome(s) before exiting", len(self._unreported))
+        return EXIT_OK
+
+
+def _finish(job_id: str, outcome: str, exit_code: int | None) -> dict[str, Any]:
+    return {"job_id": job_id, "outcome": outcome, "exit_code": exit_code}
+
+
+def _parse_deadline(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        deadline = datetime.fromisoformat(str(value))
+    except ValueError:
+        log.warning("ignoring unparseable drain deadline %r", value)
+        return None
+    return deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
+
+
+class _Redact(logging.Filter):
+    """Last line of defence: secrets never reach the log, whatever a message interpolates."""
+
+    def __init__(self, node_id: str, secrets: list[str]):
+        super().__init__()
+        self.node_id = node_id
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        for secret in self.secrets:
+            if secret:
+                message = message.replace(secret, "***")
+        record.msg, record.args = message, None
+        record.node_id = self.node_id
+        return True
+
+
+def _setup_logging(node_id: str, secrets: list[str], level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s burst-agent[%(node_id)s] %(message)s")
+    )
+    handler.addFilter(_Redact(node_id, secrets))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="burst agent", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--user-data", type=Path, help="bootstrap file (default: BURST_* variables)"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help=f"where job logs go (default: ${WORK_DIR_ENV})"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    args = parser.parse_args(argv)
+
+    try:
+        if args.user_data is not None:
+            boot = Bootstrap.parse(args.user_data.read_text())
+        else:
+            boot = Bootstrap.from_env(os.environ)
+        if os.environ.get(BOOT_DELAY_ENV):
+            boot = replace(boot, boot_delay_s=float(os.environ[BOOT_DELAY_ENV]))
+    except (OSError, ValueError) as exc:
+        print(f"burst-agent: unusable bootstrap: {exc}", file=sys.stderr)
+        return EXIT_BAD_BOOTSTRAP
+
+    agent_secrets = [boot.join_token]
+    _setup_logging(boot.node_id, agent_secrets, args.log_level)
+    work_dir = args.work_dir or Path(
+        os.environ.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / f"burst-agent-{boot.node_id}"
+    )
+    work_dir.mkdir(parents=True, exist_ok=True)
+    agent = Agent(boot, work_dir, secrets=agent_secrets)
+    agent.install_signal_handlers()
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
