@@ -258,7 +258,9 @@ class Project(PolicyModel):
 
     name: Name = Field(description="Project name, as jobs carry it (Slurm account, etc.).")
     priority: int = Field(
-        default=0, description="Higher runs first on burst capacity; ties share by the rule in docs."
+        default=0,
+        description="Higher runs first on burst capacity. Projects of equal priority are served "
+        "job by job in submit order (FIFO across the projects), each within its own quota.",
     )
     max_burst_gpus: int | None = Field(
         default=None, ge=0, description="Most burst GPUs the project may hold at once."

@@ -1,0 +1,144 @@
+"""The CLI as a user runs it: plan, snapshot schema, submit/status, run --once, decisions/explain,
+db upgrade (SQLite and PostgreSQL), and settings from the environment and a settings file."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.helpers import FAST_POLICY, burst_json, free_port, kill_all, run_burst
+
+ROOT = Path(__file__).resolve().parents[2]
+SPIKE = ROOT / "policies" / "snapshots" / "spike.json"
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    state = tmp_path / "state"
+    yield {"BURST_STATE_DIR": str(state), "BURST_API_PORT": str(free_port()),
+           "BURST_LOCAL_BOOT_DELAY_S": "0"}
+    kill_all(str(state))
+
+
+def test_plan_json_launches_for_the_example_spike():
+    plan = burst_json("plan", "--snapshot", str(SPIKE))
+    launches = [a for a in plan["actions"] if a["type"] == "launch"]
+    assert launches, plan
+    [decision] = plan["decisions"]
+    assert decision["rule"] == "scale-up"
+    assert decision["chosen"] == launches[0]["offering"]["provider"] + "/local/local-a/local.4gpu/spot"
+    assert {o["offering_key"] for o in decision["options"]} >= {"local/local/local-a/local.8gpu/on-demand"}
+    assert decision["inputs"]["unmet_gpus"] == 12
+    # Planning is pure: the same snapshot gives the same plan, ids included.
+    assert burst_json("plan", "--snapshot", str(SPIKE)) == plan
+
+
+def test_plan_human_output_explains_the_choice():
+    result = run_burst("plan", "--snapshot", str(SPIKE), check=True)
+    assert "scale-up" in result.stdout and "offerings considered" in result.stdout
+    assert "chosen" in result.stdout
+
+
+def test_snapshot_schema_is_json_schema_of_the_format():
+    schema = json.loads(run_burst("plan", "--snapshot-schema", check=True).stdout)
+    assert schema["$id"] == "burst-snapshot-v1"
+    assert {"Job", "Node", "PoolQueue", "Offering"} <= set(schema["$defs"])
+
+
+def test_bad_snapshot_names_file_and_path(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"taken_at": "2026-11-30T03:00:00Z", "queues": {"gpu": {"pool": "gpu"}},
+                               "bogus": 1}))
+    result = run_burst("plan", "--snapshot", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}: queues.gpu.onprem" in result.stderr
+    assert f"{bad}: bogus" in result.stderr
+    assert "Traceback" not in result.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\n  \"taken_at\": \n")
+    result = run_burst("plan", "--snapshot", str(broken))
+    assert result.returncode == 2 and f"{broken}:3:1: invalid JSON" in result.stderr
+
+
+def test_plan_with_a_bad_policy_lists_problems(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nname: x\npool: {name: gpu, onprem: {nodes: 1, gpus_per_node: 4}}\n"
+                      "offerings: []\nlimits: {max_nodes: -1}\n")
+    result = run_burst("plan", "--policy", str(policy), "--snapshot", str(SPIKE))
+    assert result.returncode == 2
+    assert f"{policy}:4:1: offerings:" in result.stderr
+    assert f"{policy}:5:" in result.stderr and "limits.max_nodes" in result.stderr
+
+
+def test_submit_status_run_once_and_explain(env):
+    submitted = burst_json("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
+                           "--duration", "10m", "--count", "3", env=env)
+    assert len(submitted) == 3 and all(j["id"].startswith("j-") for j in submitted)
+    status = burst_json("status", "--policy", str(FAST_POLICY), env=env)
+    [pool] = status["pools"]
+    # One 4-GPU on-prem node: the loop has not dispatched yet, so all three wait.
+    assert pool["pending_jobs"] == 3 and pool["onprem_gpus"] == 4
+    run = run_burst("run", "--policy", str(FAST_POLICY), "--once", env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    decisions = burst_json("decisions", env=env)
+    assert decisions and decisions[0]["policy"] == "fast"
+    # First tick: the trigger starts its sustain period; the decision says so.
+    assert decisions[0]["rule"] in ("sustaining", "scale-up")
+    explained = burst_json("explain", decisions[0]["id"], env=env)
+    assert explained["id"] == decisions[0]["id"] and "inputs" in explained
+    text = run_burst("explain", decisions[0]["id"], env=env, check=True).stdout
+    assert "rule:" in text and "why:" in text
+    missing = run_burst("explain", "d-000000000000", env=env)
+    assert missing.returncode == 2 and "no decision" in missing.stderr
+
+
+def test_submit_rejects_bad_input_clearly(env):
+    result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "10 minutes", env=env)
+    assert result.returncode == 2 and "--duration" in result.stderr and "Traceback" not in result.stderr
+    result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "1m", "--pool", "nope", env=env)
+    assert result.returncode == 2 and "unknown pool 'nope'" in result.stderr
+
+
+def test_status_human_output_has_tables(env):
+    run_burst("submit", "--policy", str(FAST_POLICY), "--project", "vision", "--gpus", "2",
+              "--duration", "1m", env=env, check=True)
+    text = run_burst("status", "--policy", str(FAST_POLICY), env=env, check=True).stdout
+    assert "pools" in text and "burst nodes" in text and "vision" in text
+
+
+def test_db_upgrade_on_postgresql_and_settings_file(tmp_path):
+    name = f"burst_cli_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+        result = run_burst("db", "upgrade", "--database-url", url)
+        assert result.returncode == 0, result.stderr
+        with psycopg.connect(url) as conn:
+            tables = {r[0] for r in conn.execute("select tablename from pg_tables where schemaname='public'")}
+        assert {"nodes", "node_events", "decisions", "jobs", "alembic_version"} <= tables
+        # The same URL from a settings file (BURST_SETTINGS_FILE) drives submit and status.
+        settings = tmp_path / "burst.yaml"
+        settings.write_text(f"database_url: {url}\nstate_dir: {tmp_path / 'state'}\n")
+        env = {"BURST_SETTINGS_FILE": str(settings)}
+        burst_json("submit", "--project", "research", "--gpus", "1", "--duration", "5m", env=env)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select count(*) from jobs").fetchone()[0] == 1
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_bad_settings_are_reported_by_name(tmp_path):
+    result = run_burst("status", env={"BURST_TICK_S": "-1", "BURST_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert "BURST_TICK_S" in result.stderr and "Traceback" not in result.stderr
+    settings = tmp_path / "s.yaml"
+    settings.write_text("tick_seconds: 5\n")
+    result = run_burst("status", env={"BURST_SETTINGS_FILE": str(settings), "BURST_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2 and "tick_seconds" in result.stderr.replace("TICK_SECONDS", "tick_seconds")
