@@ -16,23 +16,12 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from orchestrator.policy.units import Duration, Money
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-Name = Annotated[str, Field(pattern=NAME_PATTERN, description="lower-case letters, digits and '-'")]
-
-
-def field_problem(field: str, message: str) -> ValueError:
-    """A cross-field error the loader attributes to ``field`` of the model that raised it."""
-    return ValueError(f"@{field}: {message}")
-
-
-class PolicyModel(BaseModel):
-    """Base of every policy model: strict, frozen, unknown keys rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_enum_values=False)
+from orchestrator.policy.base import NAME_PATTERN, Name, PolicyModel, field_problem
+from orchestrator.policy.providers import ProviderSettings
 
 
 class ProviderName(StrEnum):
@@ -293,6 +282,10 @@ class Policy(PolicyModel):
     default_project_priority: int = Field(
         default=0, description="Priority of projects not listed under projects."
     )
+    providers: ProviderSettings = Field(
+        default_factory=ProviderSettings,
+        description="Per-provider launch settings (AMI, project, driver...), for each cloud used.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
@@ -306,6 +299,18 @@ class Policy(PolicyModel):
             if offering.key in keys:
                 raise field_problem(f"offerings[{index}]", f"duplicate offering {offering.key}")
             keys.add(offering.key)
+        for index, offering in enumerate(self.offerings):
+            if offering.provider in (ProviderName.AWS, ProviderName.GCP, ProviderName.LIBCLOUD):
+                if getattr(self.providers, str(offering.provider)) is None:
+                    raise field_problem(
+                        f"offerings[{index}].provider",
+                        f"uses {offering.provider}, so providers.{offering.provider} must give its "
+                        "launch settings")
+            if offering.provider is ProviderName.LIBCLOUD and self.providers.libcloud is not None:
+                if offering.instance_type not in self.providers.libcloud.sizes:
+                    raise field_problem(
+                        f"offerings[{index}].instance_type",
+                        f"{offering.instance_type!r} is not among providers.libcloud.sizes")
         if self.limits.min_nodes and not any(
             (o.max_nodes is None or o.max_nodes > 0) for o in self.offerings
         ):

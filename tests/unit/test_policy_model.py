@@ -61,6 +61,9 @@ scale_down:
 projects:
   - name: research
     priority: 10
+providers:
+  aws:
+    ami: ami-0123456789abcdef0
 """
 
 
@@ -176,7 +179,7 @@ BAD_POLICIES = [
      "invalid YAML: mapping values are not allowed here"),
     ("unclosed bracket", edit({12: "offerings: [", 13: "  - provider: aws"}), "<yaml>", 13,
      "invalid YAML"),
-    ("two documents", BASE + "---\nversion: 1\n", "<yaml>", 28,
+    ("two documents", BASE + "---\nversion: 1\n", "<yaml>", 31,
      "expected a single document in the stream, but found another document"),
     ("empty file", "", "<policy>", 1, "a policy is a YAML mapping of keys"),
     ("only comments", "# nothing yet\n", "<policy>", 1, "a policy is a YAML mapping of keys"),
