@@ -60,6 +60,9 @@ class GcpConfig(PolicyModel):
     subnetwork: str | None = Field(default=None, description="Subnetwork (regional), if any.")
     service_account: str | None = Field(default=None, description="Service account e-mail of nodes.")
     disk_size_gb: int = Field(default=200, ge=10, description="Boot disk size (GB).")
+    api_endpoint: str | None = Field(
+        default=None,
+        description="Compute API endpoint, e.g. a Private Service Connect address (unset: Google's).")
     accelerators: dict[str, GcpAccelerator] = Field(
         default_factory=dict,
         description="GPUs to attach per machine type that has none built in (e.g. n1-standard-8).")
