@@ -62,6 +62,9 @@ class Reconciler:
         self.policies = policies
         self.config = config
         self._last_seen: dict[str, list[Instance]] = {}
+        # node id -> first sync that did not see its instance. A missing instance is only trusted
+        # once it has been missing for vanish_grace (kept in memory: a restart only delays it).
+        self._missing_since: dict[str, datetime] = {}
 
     # -- phase 1: record reality ----------------------------------------------------------------
     def sync(self, observed: Mapping[str, list[Instance]], now: datetime) -> list[NodeEvent]:
@@ -86,6 +89,8 @@ class Reconciler:
 
     def _sync_node(self, node: Node, instance: Instance | None, now: datetime) -> NodeEvent | None:
         state = node.state
+        if state not in _ALIVE_STATES:
+            self._missing_since.pop(node.id, None)
         if state is NodeState.REQUESTED:
             if instance is not None and instance.state not in _GONE:
                 adopted = replace(node, instance_id=instance.id)
@@ -104,12 +109,23 @@ class Reconciler:
         if state in _ALIVE_STATES:
             if instance is not None and instance.state is InstanceState.RUNNING and state is NodeState.LAUNCHING:
                 return self._save(node, node, NodeState.BOOTING, now, "instance running")
-            vanished = instance is None and now - node.state_since >= self.config.vanish_grace
+            # Eventually consistent listings: one sync without the instance proves nothing. It
+            # vanished only once it has been missing for vanish_grace (measuring from state_since
+            # alone failed a node ready for an hour on the first listing that lagged).
+            vanished = False
+            if instance is None:
+                missing_since = self._missing_since.setdefault(node.id, now)
+                vanished = (now - missing_since >= self.config.vanish_grace
+                            and now - node.state_since >= self.config.vanish_grace)
+            else:
+                self._missing_since.pop(node.id, None)
             if (instance is not None and instance.state in (_GONE | {InstanceState.STOPPING})) or vanished:
+                self._missing_since.pop(node.id, None)
                 event = self._save(node, node, NodeState.FAILED, now, "instance vanished at the provider")
                 if event is not None:
                     requeued = self.fabric.node_gone(node, now)
-                    event.details["requeued_jobs"] = requeued
+                    if requeued:
+                        log.warning("node %s vanished: %d job(s) handed back to the queue", node.id, requeued)
                 return event
         return None
 
@@ -135,8 +151,12 @@ class Reconciler:
                     continue
                 tags = instance.ownership
                 node = by_id.get(tags.node_id) if tags else None
-                if node is not None and node.state is not NodeState.TERMINATED:
-                    continue
+                if (node is not None and node.state is not NodeState.TERMINATED
+                        and node.instance_id in (None, instance.id)):
+                    continue  # the node's own instance (or one it may still adopt)
+                # Otherwise a leak: no live record, or a second instance of a node whose record
+                # names another one (e.g. a launch repeated after the provider forgot the token);
+                # nothing would ever terminate it.
                 age = now - instance.launched_at if instance.launched_at else self.config.leak_grace
                 if age < self.config.leak_grace:
                     continue

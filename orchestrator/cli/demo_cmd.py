@@ -62,6 +62,7 @@ class _Progress:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.lines: list[str] = []
+        self.launches: list[str] = []  # kept whole: the launches are the point of the demo
         self.nodes: list = []
         self.counts: dict[str, int] = {}
         self.elapsed = 0.0
@@ -81,7 +82,8 @@ class _Progress:
             self.nodes = runtime.store.nodes(include_terminated=True)
             for d in report.decisions:
                 if d.actions and any(a != "hold" for a in d.actions):
-                    self.lines.append(f"[{self.elapsed:5.1f}s] {d.rule}: {d.summary}")
+                    line = f"[{self.elapsed:5.1f}s] {d.rule}: {d.summary}"
+                    (self.launches if d.rule in ("scale-up", "min-nodes") else self.lines).append(line)
             for n in report.execution.drained:
                 self.lines.append(f"[{self.elapsed:5.1f}s] draining {n}")
             self.lines = self.lines[-6:]
@@ -97,7 +99,7 @@ class _Progress:
             for n in self.nodes:
                 c = colours.get(n.state, "cyan")
                 table.add_row(n.id, f"[{c}]{n.state}[/{c}]", f"{n.instance_type} ({n.market})", f"{n.price_usd_hour:.2f}")
-            return Group(head, table, Text("\n".join(self.lines)))
+            return Group(head, table, Text("\n".join(self.launches[-4:] + self.lines)))
 
 
 def _print_summary(s) -> None:

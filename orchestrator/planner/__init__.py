@@ -51,8 +51,15 @@ def plan(snapshot: Snapshot, policies: Iterable[Policy], now: datetime) -> Plan:
     return Plan(at=now, actions=tuple(actions), decisions=tuple(decisions), memory=memory)
 
 
-def decision_id(policy: str, now: datetime) -> str:
-    return "d-" + hashlib.sha256(f"{policy}|{now.isoformat()}".encode()).hexdigest()[:12]
+def decision_id(policy: str, now: datetime, blocks: tuple = ()) -> str:
+    """Deterministic id of a policy's decision at ``now``.
+
+    The negative-capacity cache is part of the identity: re-planning at the same instant after a
+    capacity error (a virtual clock does not move) is a different decision, so its fallback launch
+    gets fresh node and request ids instead of colliding with the failed one.
+    """
+    cache = ",".join(sorted(f"{b.offering_key}@{b.until.isoformat()}" for b in blocks))
+    return "d-" + hashlib.sha256(f"{policy}|{now.isoformat()}|{cache}".encode()).hexdigest()[:12]
 
 
 def _child_id(prefix: str, parent: str, index: int) -> str:
@@ -60,7 +67,7 @@ def _child_id(prefix: str, parent: str, index: int) -> str:
 
 
 def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[list[Action], Decision, PolicyMemory]:
-    did = decision_id(policy.name, now)
+    did = decision_id(policy.name, now, snapshot.capacity_blocks)
     pool = policy.pool.name
     nodes = [n for n in snapshot.nodes if n.policy == policy.name and not n.state.is_terminal]
     memory = snapshot.memory.get(policy.name, PolicyMemory())
@@ -128,7 +135,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
     else:
         budget = pool_budget(policy, nodes, candidates)
         held = _held_gpus(nodes)
-        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held)
+        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst)
         held_back = tuple(held_list)
         launches = _launches(policy, grants, did, ActionReason.DEMAND)
         chosen = ranked[0].offering.key

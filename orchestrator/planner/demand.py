@@ -40,6 +40,15 @@ class Bins:
         for index in range(len(self.free) - 1, -1, -1):  # pop() then yields the lowest index first
             self._by_free[self.free[index]].append(index)
 
+    def add(self, gpus: int, owner: str | None = None) -> None:
+        """Open one more bin (a node about to be launched) with ``gpus`` free."""
+        while len(self._by_free) <= gpus:
+            self._by_free.append([])
+        self.free.append(gpus)
+        self.owners.append(owner)
+        self._by_free[gpus].append(len(self.free) - 1)
+        self.total += gpus
+
     def place(self, gpus: int) -> list[int] | None:
         """Place a job; return the indexes of the bins used, or None if it does not fit."""
         if gpus <= 0:
@@ -65,6 +74,12 @@ class Bins:
             self._move(index, 0)
         return used
 
+    def whole(self) -> int:
+        """How many bins are whole free nodes (what a multi-node job can use)."""
+        if not self.node_size:
+            return 0
+        return sum(len(b) for b in self._by_free[self.node_size:])
+
     def _move(self, index: int, room: int) -> None:
         self.total -= self.free[index] - room
         self.free[index] = room
@@ -84,6 +99,9 @@ class Demand:
     pending_gpus: int = 0
     unmet_gpus: int = 0
     oldest_beyond: datetime | None = None  # submit time of the oldest job on-prem cannot start
+    # Burst capacity left after absorbing (free GPUs of ready and booting nodes): scale-up packs
+    # the unmet jobs onto it first, so a multi-node job can use whole nodes already there.
+    burst: Bins | None = None
 
     def oldest_wait_s(self, now: datetime) -> float:
         if self.oldest_beyond is None:
@@ -118,6 +136,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
     onprem = Bins(onprem_free, node_size=policy.pool.onprem.gpus_per_node)
     burst_free: list[int] = []
     owners: list[str | None] = []
+    node_size = 0
     for node in nodes:
         if node.state is NodeState.READY and node.gpus_free > 0:
             burst_free.append(node.gpus_free)
@@ -125,7 +144,13 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
         elif node.state.in_flight:
             burst_free.append(node.gpus)
             owners.append(node.id)
-    burst = Bins(burst_free, owners)
+        else:
+            continue
+        node_size = max(node_size, node.gpus)
+    # The node size is that of the nodes, not of their largest free remainder: with only
+    # half-busy 8-GPU nodes, a 6-GPU job must not count as a "multi-node" job spread over two
+    # 4-GPU remainders (it fits on neither node).
+    burst = Bins(burst_free, owners, node_size=node_size)
 
     onprem_absorbed: list[Job] = []
     burst_absorbed: list[Job] = []
@@ -145,7 +170,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
     oldest = min((j.submitted_at for j in beyond), default=None)
     return Demand(tuple(ordered), tuple(onprem_absorbed), tuple(burst_absorbed), tuple(unmet),
                   frozenset(busy), beyond, sum(j.gpus for j in ordered), sum(j.gpus for j in unmet),
-                  oldest)
+                  oldest, burst)
 
 
 def oldest_wait_s(jobs: tuple[Job, ...], now: datetime) -> float:

@@ -63,8 +63,10 @@ def plan_scale_down(
             draining_now.add(node.id)
             removable -= 1
 
-    alive = [n for n in nodes if n.state is not NodeState.TERMINATED]
-    excess = len(alive) - policy.limits.max_nodes
+    # Only nodes that are staying count as excess: nodes already draining, terminating or failed
+    # are on their way out, as are the ones drained as idle just above. Counting them (all nodes
+    # not terminated) drained more ready nodes on every tick until none was left.
+    excess = len(staying) - len(draining_now) - policy.limits.max_nodes
     if excess > 0:
         # Prefer idle nodes, then the least busy; never the ones already leaving.
         order = sorted(

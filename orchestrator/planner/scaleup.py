@@ -2,8 +2,9 @@
 
 The offering is chosen once per tick: the candidate with the lowest expected cost for *all* unmet
 demand (nodes x price x billed hours), so the decision can show each alternative's cost. Nodes are
-then granted project by project in priority order (ties: the project whose oldest job has waited
-longest goes first), each project packing its own jobs, until a limit binds:
+then granted job by job in scheduling order (project priority, job priority, oldest first),
+packing the jobs onto the granted nodes exactly as :func:`orchestrator.planner.demand.absorb` will
+pack them onto those nodes while they boot, until a limit binds:
 
 * per-project quota (``projects[].max_burst_gpus``), counted over the GPUs of nodes launched for
   the project that are still alive;
@@ -17,12 +18,13 @@ Every limit that held back a node is named in ``held_back_by``.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.plan import OfferingOption
+from orchestrator.planner.demand import Bins
 from orchestrator.planner.offerings import Candidate, expected_cost, expected_hours, nodes_needed
 from orchestrator.policy.models import Policy
 
@@ -113,58 +115,87 @@ def grant_nodes(
     ranked: list[Candidate],
     budget: Budget,
     held_gpus: dict[str, int],
+    bins: Bins | None = None,
 ) -> tuple[list[Grant], list[str]]:
-    """Grant nodes project by project in priority order; return grants and limits that bound."""
-    by_project: dict[str, list[Job]] = defaultdict(list)
-    for job in unmet:
-        by_project[job.project].append(job)
-    priorities = {p.name: p.priority for p in policy.projects}
-    order = sorted(
-        by_project,
-        key=lambda p: (-priorities.get(p, policy.default_project_priority),
-                       min(j.submitted_at for j in by_project[p]), p),
-    )
+    """Grant nodes for the unmet jobs; return the grants and the limits that bound.
+
+    ``unmet`` comes in scheduling order (project priority, job priority, age), so higher-priority
+    work gets nodes first when a limit binds. Nodes are sized by packing the jobs with the same
+    :class:`~orchestrator.planner.demand.Bins`, in the same order, that
+    :func:`~orchestrator.planner.demand.absorb` uses next tick to fit pending jobs onto the granted
+    nodes (then booting): so the next tick finds the spike absorbed and does not launch for it
+    again. (Sizing each project with the FFD histogram of ``nodes_needed`` while absorbing in
+    scheduling order answered one spike twice whenever the two packings disagreed, e.g. jobs of
+    3, 3, 5, 5 GPUs on 8-GPU nodes: 2 nodes, then 1 more. ``nodes_needed`` still prices options.)
+
+    A job that needs a new node takes it from the cheapest candidate unless a limit binds: a
+    project quota holds back that project's jobs only; a pool-wide limit stops all launching
+    (a multi-node job it stops is skipped); the offering's own ``max_nodes`` passes the job to the
+    next candidate.
+    """
     grants: list[Grant] = []
     held_back: list[str] = []
-    for project in order:
-        quota = policy.project_quota(project)
-        remaining = Counter(j.gpus for j in by_project[project])
-        for candidate in ranked:
-            need = nodes_needed(remaining, candidate.offering.gpus)
-            if need == 0:
-                break
-            granted = 0
-            for _ in range(need):
-                blocker = budget.blocker(candidate)
-                if blocker is None and quota is not None:
-                    if held_gpus.get(project, 0) + candidate.offering.gpus > quota:
-                        blocker = f"projects[{project}].max_burst_gpus"
-                if blocker is not None:
-                    if blocker not in held_back:
-                        held_back.append(blocker)
-                    break
+
+    def hold(blocker: str) -> None:
+        if blocker not in held_back:
+            held_back.append(blocker)
+
+    # The packing continues from the burst capacity absorb left (``bins``): unmet jobs go on
+    # granted nodes, and a multi-node job also on whole nodes already there.
+    bins = bins if bins is not None else Bins([])
+    left = list(unmet)
+    for candidate in ranked:
+        size = candidate.offering.gpus
+        bins.node_size = bins.node_size or size
+        offering_limit = f"offerings[{candidate.offering.key}].max_nodes"
+        carried: list[Job] = []  # jobs this offering's max_nodes kept out: next candidate's turn
+        pool_bound = False
+        for job in left:
+            if bins.place(job.gpus) is not None:
+                continue  # fits on a node already there or granted this tick
+            if pool_bound:
+                continue
+            if job.gpus <= bins.node_size:
+                if job.gpus > size:
+                    carried.append(job)  # a one-node job this offering's nodes cannot hold
+                    continue
+                count = 1
+            else:
+                count = -(-job.gpus // bins.node_size) - bins.whole()
+            # A multi-node job gets all its missing nodes at once or none: a part of them would
+            # run nothing, idle and be drained, or be launched again next tick (the nodes in
+            # flight cannot hold the job), a flap; a limit smaller than its need holds it back.
+            blocker = _blocker(budget, candidate, count)
+            quota = policy.project_quota(job.project)
+            if blocker is None and quota is not None and held_gpus.get(job.project, 0) + count * size > quota:
+                blocker = f"projects[{job.project}].max_burst_gpus"
+            if blocker is not None:
+                hold(blocker)
+                if blocker == offering_limit:
+                    carried.append(job)
+                elif not blocker.startswith("projects[") and count == 1:
+                    pool_bound = True  # not one more node in the pool: no other offering helps
+                continue  # (a multi-node job that does not fit is skipped, as in a backfill)
+            for _ in range(count):
                 budget.take(candidate)
-                held_gpus[project] = held_gpus.get(project, 0) + candidate.offering.gpus
-                grants.append(Grant(candidate, project))
-                granted += 1
-            if granted == need:
-                remaining = Counter()
-                break
-            remaining = _shrink(remaining, granted * candidate.offering.gpus)
-            if not _offering_bound(held_back, candidate):
-                break  # a pool-wide limit or the quota bound: no other offering helps
+                grants.append(Grant(candidate, job.project))
+                bins.add(size)
+            held_gpus[job.project] = held_gpus.get(job.project, 0) + count * size
+            bins.place(job.gpus)  # fits now (nodes of one size; mixed sizes are an estimate)
+        if pool_bound or not carried:
+            break
+        left = carried
     return grants, held_back
 
 
-def _offering_bound(held_back: list[str], candidate: Candidate) -> bool:
-    return bool(held_back) and held_back[-1] == f"offerings[{candidate.offering.key}].max_nodes"
-
-
-def _shrink(widths: Counter[int], gpus_served: int) -> Counter[int]:
-    """Drop served work, widest first (a partial grant serves the front of the project's queue)."""
-    left = Counter(widths)
-    for width in sorted(left, reverse=True):
-        while left[width] and gpus_served >= width:
-            left[width] -= 1
-            gpus_served -= width
-    return +left
+def _blocker(budget: Budget, candidate: Candidate, count: int) -> str | None:
+    """The limit that stops ``count`` more nodes of ``candidate``, if any (budget unchanged)."""
+    if count == 1:
+        return budget.blocker(candidate)
+    trial = replace(budget, per_offering=dict(budget.per_offering))
+    for _ in range(count):
+        blocker = trial.blocker(candidate)
+        if blocker is not None:
+            return blocker
+        trial.take(candidate)
+    return None
