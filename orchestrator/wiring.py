@@ -109,16 +109,43 @@ class ProviderUnavailable(Exception):
     """A policy names a provider that cannot be built here."""
 
 
-def build_provider(name: str, settings: Settings) -> Provider:
-    """Build the provider adapter named in a policy."""
+def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = ()) -> Provider:
+    """Build the provider adapter named in the policies, from their ``providers.<name>`` settings.
+
+    Policies that use the same cloud must agree on its settings: one adapter serves them all.
+    """
     from providers import load_provider_class
 
+    policies = list(policies)
     if name == ProviderName.LOCAL:
         cls = load_provider_class("local")
         return cls(settings.state_dir / "local-provider", boot_delay_s=settings.local_boot_delay_s)
-    raise ProviderUnavailable(
-        f"provider {name!r} has no adapter in this build yet; use provider: local (see docs/providers.md)"
-    )
+    configs = {p.name: getattr(p.providers, name, None) for p in policies}
+    distinct = {c.model_dump_json() for c in configs.values() if c is not None}
+    if not distinct:
+        raise ProviderUnavailable(f"provider {name!r}: no policy gives providers.{name} settings")
+    if len(distinct) > 1:
+        raise ProviderUnavailable(
+            f"provider {name!r}: policies {', '.join(sorted(configs))} give different providers.{name} "
+            "settings; one controller runs one adapter per provider")
+    config = next(c for c in configs.values() if c is not None)
+    locations = {(o.region, o.zone) for p in policies for o in p.offerings if str(o.provider) == name}
+    try:
+        cls = load_provider_class(name)
+    except (ValueError, ImportError) as exc:
+        raise ProviderUnavailable(
+            f"provider {name!r} cannot be loaded here ({exc}); install burst[{name}]") from exc
+    if name == ProviderName.AWS:
+        return cls(config, regions={region for region, _ in locations})
+    if name == ProviderName.GCP:
+        zones = {zone for _, zone in locations if zone}
+        if not zones:
+            raise ProviderUnavailable("provider 'gcp': every gcp offering needs a zone")
+        return cls(config, zones=zones)
+    if name == ProviderName.LIBCLOUD:
+        regions = {region for region, _ in locations}
+        return cls(config, region=next(iter(regions)) if len(regions) == 1 else None)
+    raise ProviderUnavailable(f"provider {name!r} has no adapter in this build")
 
 
 @dataclass
@@ -167,7 +194,8 @@ def build_runtime(
         for policy in policy_map.values():
             for spec in policy.offerings:
                 if str(spec.provider) not in providers:
-                    providers[str(spec.provider)] = build_provider(str(spec.provider), settings)
+                    providers[str(spec.provider)] = build_provider(
+                        str(spec.provider), settings, policy_map.values())
     clock = clock or SystemClock()
     queue = BuiltinQueue(store, list(policy_map.values()))
     fabric = BuiltinFabric(queue)
@@ -178,3 +206,80 @@ def build_runtime(
     observer = Observer(store, queue, providers)
     return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
                    executor, reconciler, observer)
+
+
+# -- operator commands that need concrete providers (used by the CLI) ------------------------------
+
+CATALOG_OVERRIDES = "catalog-overrides.json"
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One line of `burst provider check`."""
+
+    check: str
+    ok: bool
+    detail: str
+
+
+def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tuple[list[CheckRow], list]:
+    """Verify credentials and permissions of a provider (dry run) and list the offerings it would use."""
+    from orchestrator.domain.ports import ProviderError
+    from orchestrator.planner.offerings import resolve_candidates
+
+    rows: list[CheckRow] = []
+    try:
+        provider = build_provider(name, settings, policies)
+    except ProviderUnavailable as exc:
+        return [CheckRow("configure", False, str(exc))], []
+    rows.append(CheckRow("configure", True, f"{type(provider).__name__} built from the policy"))
+    check = getattr(provider, "check", None)
+    if check is not None:
+        try:
+            for row in check():
+                label, ok, detail = row
+                rows.append(CheckRow(str(label), bool(ok), str(detail)))
+        except ProviderError as exc:
+            rows.append(CheckRow("dry run", False, f"{exc.kind}: {exc}"))
+    try:
+        catalogue = tuple(provider.offerings())
+        rows.append(CheckRow("offerings", True, f"{len(catalogue)} offerings in the catalogue"))
+    except ProviderError as exc:
+        rows.append(CheckRow("offerings", False, f"{exc.kind}: {exc}"))
+        catalogue = ()
+    usable = []
+    for policy in policies:
+        candidates, rejected = resolve_candidates(policy, catalogue, (), SystemClock().now())
+        usable.extend(c.offering for c in candidates if c.offering.provider == name)
+        for option in rejected:
+            if option.offering_key.startswith(f"{name}/"):
+                rows.append(CheckRow(f"offering {option.offering_key}", False, option.rejected or ""))
+    return rows, usable
+
+
+def refresh_catalog(settings: Settings, policies: list[Policy]) -> tuple[int, Path]:
+    """Refresh spot prices and GPU facts from the providers' APIs into the state dir's overrides."""
+    from providers import catalog
+
+    regions = {o.region for p in policies for o in p.offerings if o.provider == ProviderName.AWS}
+    types = {o.instance_type for p in policies for o in p.offerings if o.provider == ProviderName.AWS}
+    if not regions:
+        raise ProviderUnavailable("no policy uses provider aws: GCP and libcloud prices have no "
+                                  "public price API to refresh from; the bundled catalogue is used")
+    import boto3
+
+    profile = next((p.providers.aws.profile for p in policies if p.providers.aws), None)
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    refreshed = catalog.refresh_aws(session, regions, types)
+    path = settings.state_dir / CATALOG_OVERRIDES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    catalog.write_overrides(path, refreshed)
+    return len(refreshed), path
+
+
+def catalog_offerings(provider: str, settings: Settings) -> list:
+    """The bundled catalogue of a provider with any refreshed overrides layered on top."""
+    from providers import catalog
+
+    path = settings.state_dir / CATALOG_OVERRIDES
+    return catalog.offerings_for(provider, None, overrides_path=path if path.exists() else None)

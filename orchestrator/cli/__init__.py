@@ -8,6 +8,7 @@ from orchestrator.cli.decisions_cmd import decisions_command, explain_command
 from orchestrator.cli.demo_cmd import demo_command
 from orchestrator.cli.plan_cmd import plan_command
 from orchestrator.cli.policy_cmd import policy_app
+from orchestrator.cli.provider_cmd import catalog_app, provider_app
 from orchestrator.cli.queue_cmd import status_command, submit_command
 from orchestrator.cli.run_cmd import agent_command, db_app, run_command
 
@@ -19,6 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(policy_app, name="policy")
 app.add_typer(db_app, name="db")
+app.add_typer(provider_app, name="provider")
+app.add_typer(catalog_app, name="catalog")
 app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)

@@ -48,7 +48,10 @@ def resolve_candidates(
             markets.append(Market.ON_DEMAND)
         for market in markets:
             key = offering_key(spec.provider, spec.region, spec.zone, spec.instance_type, market)
-            offering = _resolve(spec, market, by_key.get(key))
+            # Catalogues price by region; a zone the policy pins takes its region's row.
+            listed = by_key.get(key) or by_key.get(
+                offering_key(spec.provider, spec.region, None, spec.instance_type, market))
+            offering = _resolve(spec, market, listed)
             if offering is None:
                 rejected.append(OfferingOption(key, spec.gpus or 0, 0.0, 0, 0.0,
                                                rejected="not in the provider catalogue, and the "

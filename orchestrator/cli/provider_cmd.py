@@ -1,0 +1,93 @@
+"""`burst provider check` and `burst catalog ...`: test a cloud setup before bursting to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.common import fail, load_policies, load_settings, out, print_json
+
+provider_app = typer.Typer(help="Check provider setups.", no_args_is_help=True, add_completion=False)
+catalog_app = typer.Typer(help="The GPU offering and price catalogue.", no_args_is_help=True,
+                          add_completion=False)
+
+
+@provider_app.command("check")
+def check_command(
+    name: Annotated[str, typer.Argument(help="Provider: aws, gcp, libcloud or local.")],
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) naming the provider.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Verify credentials and permissions with a dry run, and list the offerings burst would use."""
+    from orchestrator.wiring import check_provider
+
+    policies = load_policies(policy)
+    rows, usable = check_provider(name, load_settings(), policies)
+    ok = all(r.ok for r in rows)
+    if as_json:
+        print_json({"provider": name, "ok": ok,
+                    "checks": [{"check": r.check, "ok": r.ok, "detail": r.detail} for r in rows],
+                    "offerings": [{"key": o.key, "gpus": o.gpus, "gpu_model": o.gpu_model,
+                                   "price_usd_hour": o.price_usd_hour} for o in usable]})
+    else:
+        table = Table(title=f"provider {name}")
+        for col in ("check", "result", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            table.add_row(r.check, "[green]ok[/green]" if r.ok else "[red]FAILED[/red]", r.detail)
+        out.print(table)
+        offerings = Table(title="offerings the policy would use")
+        for col in ("offering", "GPUs", "GPU model", "$/h"):
+            offerings.add_column(col, overflow="fold")
+        for o in usable:
+            offerings.add_row(o.key, str(o.gpus), o.gpu_model, f"{o.price_usd_hour:.4f}")
+        out.print(offerings)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@catalog_app.command("refresh")
+def refresh_command(
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s); their AWS regions and types are refreshed.")] = None,
+) -> None:
+    """Refresh spot prices and GPU facts from the provider APIs (AWS) into the state directory."""
+    from orchestrator.domain.ports import ProviderError
+    from orchestrator.wiring import ProviderUnavailable, refresh_catalog
+
+    settings = load_settings()
+    try:
+        count, path = refresh_catalog(settings, load_policies(policy))
+    except (ProviderUnavailable, ProviderError) as exc:
+        fail(str(exc))
+    out.print(f"refreshed {count} offerings into {path}")
+
+
+@catalog_app.command("list")
+def list_command(
+    provider: Annotated[str, typer.Argument(help="aws or gcp.")],
+    region: Annotated[str | None, typer.Option("--region", help="Only this region.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List the catalogue's GPU offerings with prices."""
+    from orchestrator.wiring import catalog_offerings
+
+    try:
+        offerings = catalog_offerings(provider, load_settings())
+    except ValueError as exc:
+        fail(str(exc))
+    if region:
+        offerings = [o for o in offerings if o.region == region]
+    if as_json:
+        print_json([{"key": o.key, "gpus": o.gpus, "gpu_model": o.gpu_model, "vcpus": o.vcpus,
+                     "memory_gib": o.memory_gib, "price_usd_hour": o.price_usd_hour} for o in offerings])
+        return
+    table = Table(title=f"{provider} GPU offerings ({len(offerings)})")
+    for col in ("region", "zone", "instance type", "market", "GPUs", "GPU model", "$/h"):
+        table.add_column(col)
+    for o in sorted(offerings, key=lambda o: (o.region, o.instance_type, o.market)):
+        table.add_row(o.region, o.zone or "-", o.instance_type, str(o.market), str(o.gpus), o.gpu_model,
+                      f"{o.price_usd_hour:.4f}")
+    out.print(table)
