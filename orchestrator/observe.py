@@ -25,10 +25,12 @@ log = logging.getLogger(__name__)
 class Observer:
     """Builds snapshots; caches provider catalogues (they change rarely and may be slow)."""
 
-    def __init__(self, store: Store, queue: QueueSource, providers: Mapping[str, Provider]):
+    def __init__(self, store: Store, queue: QueueSource, providers: Mapping[str, Provider],
+                 overrides: tuple[Offering, ...] = ()):
         self.store = store
         self.queue = queue
         self.providers = providers
+        self.overrides = overrides  # refreshed prices (`burst catalog refresh`) win over bundled ones
         self._catalogue: tuple[Offering, ...] | None = None
 
     def catalogue(self) -> tuple[Offering, ...]:
@@ -39,7 +41,11 @@ class Observer:
                     offerings.extend(provider.offerings())
                 except ProviderError as exc:
                     log.warning("provider %s: cannot list offerings: %s", name, exc)
-            self._catalogue = tuple(offerings)
+            by_key = {o.key: o for o in offerings}
+            for override in self.overrides:
+                if override.provider in self.providers:
+                    by_key[override.key] = override
+            self._catalogue = tuple(by_key.values())
         return self._catalogue
 
     def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset()) -> Snapshot:

@@ -148,6 +148,15 @@ def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = (
     raise ProviderUnavailable(f"provider {name!r} has no adapter in this build")
 
 
+def _catalogue_overrides(settings: Settings) -> tuple:
+    path = settings.state_dir / CATALOG_OVERRIDES
+    if not path.exists():
+        return ()
+    from providers import catalog
+
+    return tuple(catalog.load_overrides(path))
+
+
 @dataclass
 class Runtime:
     """Everything the loop, API and CLI need, wired together."""
@@ -203,7 +212,7 @@ def build_runtime(
     executor = Executor(store, providers, fabric, clock, tokens, policy_map,
                         ExecutorConfig(controller_url=controller_url or settings.agent_url()))
     reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
-    observer = Observer(store, queue, providers)
+    observer = Observer(store, queue, providers, _catalogue_overrides(settings))
     return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
                    executor, reconciler, observer)
 

@@ -12,7 +12,9 @@ import importlib
 
 PROVIDERS: dict[str, str] = {
     "local": "providers.local:LocalProvider",
-    # "aws", "gcp", "libcloud" and "sim" are registered here as their modules land.
+    "aws": "providers.aws:AwsProvider",
+    "libcloud": "providers.libcloud_driver:LibcloudProvider",
+    # "gcp" and "sim" are registered here as their modules land.
 }
 
 
