@@ -14,7 +14,8 @@ PROVIDERS: dict[str, str] = {
     "local": "providers.local:LocalProvider",
     "aws": "providers.aws:AwsProvider",
     "libcloud": "providers.libcloud_driver:LibcloudProvider",
-    # "gcp" and "sim" are registered here as their modules land.
+    "gcp": "providers.gcp:GcpProvider",
+    # "sim" is registered here as its module lands.
 }
 
 

@@ -60,6 +60,11 @@ class GcpConfig(PolicyModel):
     subnetwork: str | None = Field(default=None, description="Subnetwork (regional), if any.")
     service_account: str | None = Field(default=None, description="Service account e-mail of nodes.")
     disk_size_gb: int = Field(default=200, ge=10, description="Boot disk size (GB).")
+    disk_type: str = Field(default="pd-balanced", description="Boot disk type (A3/A4 may need hyperdisk-balanced).")
+    external_ip: bool = Field(
+        default=False,
+        description="Give nodes an external IP (off: nodes reach the controller through Cloud NAT "
+        "or a private route).")
     api_endpoint: str | None = Field(
         default=None,
         description="Compute API endpoint, e.g. a Private Service Connect address (unset: Google's).")
