@@ -275,10 +275,10 @@ def refresh_catalog(settings: Settings, policies: list[Policy]) -> tuple[int, Pa
     if not regions:
         raise ProviderUnavailable("no policy uses provider aws: GCP and libcloud prices have no "
                                   "public price API to refresh from; the bundled catalogue is used")
-    import boto3
+    from providers.aws import make_session
 
     profile = next((p.providers.aws.profile for p in policies if p.providers.aws), None)
-    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    session = make_session(profile)
     refreshed = catalog.refresh_aws(session, regions, types)
     path = settings.state_dir / CATALOG_OVERRIDES
     path.parent.mkdir(parents=True, exist_ok=True)
