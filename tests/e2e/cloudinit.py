@@ -69,11 +69,12 @@ class CloudInitSimulator:
 
     def _boot(self, instance: PeerInstance) -> None:
         self.booted.add(instance.id)
-        user_data = self.work_dir / f"{instance.id}.user-data"
+        safe = instance.id.replace("/", "_")  # GCP ids are zone/name
+        user_data = self.work_dir / f"{safe}.user-data"
         user_data.write_text(instance.user_data())
         user_data.chmod(0o600)
-        log = (self.work_dir / f"{instance.id}.log").open("ab")
-        env = {**os.environ, "BURST_BOOT_DELAY_S": "0", "BURST_WORK_DIR": str(self.work_dir / instance.id)}
+        log = (self.work_dir / f"{safe}.log").open("ab")
+        env = {**os.environ, "BURST_BOOT_DELAY_S": "0", "BURST_WORK_DIR": str(self.work_dir / safe)}
         self.agents[instance.id] = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.fabric.agent", "--user-data", str(user_data)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
