@@ -244,8 +244,22 @@ def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tup
     rows.append(CheckRow("configure", True, f"{type(provider).__name__} built from the policy"))
     check = getattr(provider, "check", None)
     if check is not None:
+        import inspect
+
+        kwargs = {}
+        if "offerings" in inspect.signature(check).parameters:
+            # Dry-run only what the policies would launch, not the whole catalogue.
+            from orchestrator.planner.offerings import resolve_candidates as _resolve
+
+            try:
+                catalogue = tuple(provider.offerings())
+            except ProviderError:
+                catalogue = ()
+            kwargs["offerings"] = [c.offering for p in policies
+                                   for c in _resolve(p, catalogue, (), SystemClock().now())[0]
+                                   if c.offering.provider == name]
         try:
-            for row in check():
+            for row in check(**kwargs):
                 label, ok, detail = row
                 rows.append(CheckRow(str(label), bool(ok), str(detail)))
         except ProviderError as exc:
