@@ -174,6 +174,10 @@ class Executor:
             report.capacity_errors.append(offering.key)
             return
         except TransientError as exc:
+            # Counted so the reconciler's re-issue backs off exponentially (same request id).
+            current = self.store.get_node(node.id)
+            if current is not None and current.state is NodeState.REQUESTED:
+                self.store.update_node(current, launch_attempts=current.launch_attempts + 1)
             log.warning("launch of %s hit a transient error, will retry: %s", node.id, exc)
             report.errors.append(f"{node.id}: transient: {exc}")
             return

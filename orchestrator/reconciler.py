@@ -174,7 +174,10 @@ class Reconciler:
         for timeout in state_timeouts(policy):
             if node.state is timeout.state and age >= timeout.limit:
                 return [Terminate(node.id, timeout.reason)]
-        if node.state is NodeState.REQUESTED and age >= self.config.relaunch_after:
+        # Re-issue a launch whose outcome was never recorded; after transient errors, back off
+        # exponentially (15 s, 30 s, 60 s, ...) until the launch timeout fails the node.
+        backoff = self.config.relaunch_after * (2 ** min(node.launch_attempts, 6))
+        if node.state is NodeState.REQUESTED and age >= backoff:
             return [self._relaunch(node)]
         if node.state in (NodeState.JOINING, NodeState.READY, NodeState.DRAINING):
             last = node.last_heartbeat or node.state_since

@@ -120,7 +120,9 @@ def test_transient_error_keeps_the_intent_and_the_reconciler_retries_it(rig: Rig
 
     rig.clock.advance(5)  # before relaunch_after: nothing yet
     assert rig.reconcile().launched == []
-    rig.clock.advance(15)
+    rig.clock.advance(15)  # 20 s: the transient error doubled the wait before re-issuing to 30 s
+    assert [a for a in rig.reconciler.step(rig.now) if type(a).__name__ == "Launch"] == []
+    rig.clock.advance(10)
     retry = rig.reconciler.step(rig.now)
     assert [(type(a).__name__, a.node_id, a.request_id, a.reason) for a in retry] == [
         ("Launch", "n1", action.request_id, ActionReason.RETRY_LAUNCH)]

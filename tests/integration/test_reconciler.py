@@ -296,3 +296,29 @@ def test_requested_node_relaunched_with_its_request_id(rig: Rig) -> None:
     assert action.offering.key == node.offering_key and action.offering.gpus == node.gpus
     rig.executor.run([action])
     assert rig.node("n1").state is S.LAUNCHING
+
+
+
+def test_relaunch_after_transient_errors_backs_off_exponentially(store):
+    """A launch that keeps failing transiently is re-issued at 15 s, 30 s, 60 s... of age."""
+    from dataclasses import replace as _replace
+    from datetime import timedelta
+
+    from orchestrator.domain.plan import Launch
+    from orchestrator.lifecycle import NodeEvent
+    from tests.builders import T0, make_node, make_rig
+
+    rig = make_rig(store)
+    for index, (attempts, due_after) in enumerate(((0, 15), (1, 30), (3, 120))):
+        node = _replace(make_node(f"n-backoff-{index}", state=NodeState.REQUESTED, state_since=T0,
+                                  created_at=T0, request_id=f"r-backoff-{index}"),
+                        launch_attempts=attempts)
+        assert rig.store.add_node(node, NodeEvent(node.id, T0, None, NodeState.REQUESTED, "demand", {}))
+
+        def relaunches(seconds: float, node=node) -> list[Launch]:
+            return [a for a in rig.reconciler.step(T0 + timedelta(seconds=seconds))
+                    if isinstance(a, Launch) and a.node_id == node.id]
+
+        assert relaunches(due_after - 1) == []
+        [again] = relaunches(due_after)
+        assert again.request_id == node.request_id  # same idempotency token
