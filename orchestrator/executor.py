@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from orchestrator.domain.nodes import Node, NodeState, OwnershipTags
+from orchestrator.domain.offerings import offering_from_key
 from orchestrator.domain.plan import Action, ActionReason, Drain, Hold, Launch, Plan, Terminate
 from orchestrator.domain.ports import (
     AuthError,
@@ -129,6 +130,17 @@ class Executor:
 
     # -- launch --------------------------------------------------------------------------------
     def _launch(self, action: Launch, report: ExecutionReport) -> None:
+        node = self.record_launch(action)
+        if node is not None:
+            self._call_launch(node, action.offering, report)
+
+    def record_launch(self, action: Launch) -> Node | None:
+        """Write the launch intent (``requested``, with the request id); no provider call.
+
+        Returns the node to launch, or None when this action was carried out before (a duplicate).
+        The distributed control plane records intents in the planner's task and calls the provider
+        from a task of its own (:meth:`launch_recorded`).
+        """
         now = self.clock.now()
         offering = action.offering
         node = Node(
@@ -143,11 +155,29 @@ class Executor:
         if not self.store.add_node(node, event):
             existing = self.store.get_node(action.node_id) or self.store.node_by_request(action.request_id)
             if existing is None or existing.state is not NodeState.REQUESTED:
-                return  # already done: a duplicate of an action carried out before
+                return None  # already done: a duplicate of an action carried out before
             node = existing  # intent recorded earlier but never completed: resume it
-        self._call_launch(node, offering, report)
+        return node
 
-    def _call_launch(self, node: Node, offering, report: ExecutionReport) -> None:
+    def launch_recorded(self, node_id: str, *, raise_transient: bool = False) -> ExecutionReport:
+        """Call the provider for a node whose intent is recorded; a no-op unless it is ``requested``.
+
+        Safe to run any number of times (the request id is the provider's idempotency token).
+        With ``raise_transient`` a transient error is re-raised after being recorded, so a task
+        queue can retry it with its own backoff.
+        """
+        report = ExecutionReport()
+        node = self.store.get_node(node_id)
+        if node is None or node.state is not NodeState.REQUESTED:
+            return report
+        policy = self.policies.get(node.policy)
+        gpu_model = next((s.gpu_model for s in (policy.offerings if policy else ())
+                          if s.instance_type == node.instance_type and s.gpu_model), "")
+        offering = offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
+        self._call_launch(node, offering, report, raise_transient=raise_transient)
+        return report
+
+    def _call_launch(self, node: Node, offering, report: ExecutionReport, *, raise_transient: bool = False) -> None:
         provider = self.providers.get(node.provider)
         if provider is None or node.provider in self.disabled:
             why = self.disabled.get(node.provider, "provider not configured")
@@ -180,6 +210,8 @@ class Executor:
                 self.store.update_node(current, launch_attempts=current.launch_attempts + 1)
             log.warning("launch of %s hit a transient error, will retry: %s", node.id, exc)
             report.errors.append(f"{node.id}: transient: {exc}")
+            if raise_transient:
+                raise
             return
         except QuotaError as exc:
             block = CapacityBlock(offering.key, self.clock.now() + self.config.quota_backoff,

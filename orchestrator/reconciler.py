@@ -31,11 +31,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.offerings import Offering
+from orchestrator.domain.offerings import offering_from_key
 from orchestrator.domain.plan import Action, ActionReason, Launch, Terminate
 from orchestrator.domain.ports import Fabric, Instance, InstanceState
 from orchestrator.lifecycle import NodeEvent, state_timeouts, transition
-from orchestrator.policy.models import Market, Policy
+from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -188,13 +188,10 @@ class Reconciler:
         return []
 
     def _relaunch(self, node: Node) -> Launch:
-        provider, region, zone, instance_type, market = node.offering_key.split("/")
-        offering = Offering(provider=provider, region=region, zone=None if zone == "-" else zone,
-                            instance_type=instance_type, market=Market(market), gpus=node.gpus,
-                            price_usd_hour=node.price_usd_hour)
         policy = self.policies[node.policy]
-        for spec in policy.offerings:  # keep the catalogue details (GPU model) where the policy has them
-            if spec.instance_type == instance_type and spec.gpu_model:
-                offering = replace(offering, gpu_model=spec.gpu_model)
+        # Keep the catalogue details (GPU model) where the policy has them.
+        gpu_model = next((s.gpu_model for s in policy.offerings
+                          if s.instance_type == node.instance_type and s.gpu_model), "")
+        offering = offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
         return Launch(policy=node.policy, pool=node.pool, node_id=node.id, request_id=node.request_id,
                       offering=offering, reason=ActionReason.RETRY_LAUNCH, project=node.project)

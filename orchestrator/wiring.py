@@ -62,6 +62,18 @@ class Settings(BaseSettings):
                                          description="Key join tokens derive from; default a generated key file in state_dir.")
     local_boot_delay_s: float = Field(default=2.0, ge=0, description="Simulated boot time of local-provider nodes.")
     settings_file: Path | None = Field(default=None, description="YAML file these settings were read from.")
+    policy_files: list[Path] = Field(
+        default_factory=list,
+        description="Policies the control plane runs (workers and beat); default: the shipped default.")
+    broker_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker (Redis).")
+    result_backend: str = Field(default="redis://127.0.0.1:6379/1", description="Celery result backend.")
+    redis_url: str | None = Field(default=None,
+                                  description="Redis for the leader lease (default: the broker URL).")
+    visibility_timeout_s: float = Field(
+        default=3600.0, gt=0,
+        description="Seconds before Redis redelivers an unacknowledged task (longer than any task).")
+    lease_s: float | None = Field(default=None, gt=0,
+                                  description="Leader lease per policy (default: 3 x tick_s).")
 
     @classmethod
     def settings_customise_sources(

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policy" / "default.yaml"
+from orchestrator.policy import DEFAULT_POLICY_PATH as DEFAULT_POLICY  # noqa: E402
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

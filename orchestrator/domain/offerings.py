@@ -55,3 +55,11 @@ class Offering:
 
 def offering_key(provider: str, region: str, zone: str | None, instance_type: str, market: Market | str) -> str:
     return f"{provider}/{region}/{zone or '-'}/{instance_type}/{Market(market)}"
+
+
+def offering_from_key(key: str, gpus: int, price_usd_hour: float, gpu_model: str = "") -> Offering:
+    """Rebuild an offering from its key and a node's recorded GPUs and price (for re-issued launches)."""
+    provider, region, zone, instance_type, market = key.split("/")
+    return Offering(provider=provider, region=region, zone=None if zone == "-" else zone,
+                    instance_type=instance_type, market=Market(market), gpus=gpus,
+                    price_usd_hour=price_usd_hour, gpu_model=gpu_model)

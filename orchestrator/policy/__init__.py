@@ -1,5 +1,7 @@
 """Policy: the YAML a platform owner writes, as strict pydantic models, with a positioned loader."""
 
+from pathlib import Path
+
 from orchestrator.policy.loader import PolicyError, Problem, load_policy, load_policy_text
 from orchestrator.policy.models import (
     Cooldowns,
@@ -26,3 +28,5 @@ __all__ = [
     "Timeouts", "Trigger", "TriggerCombine", "format_duration", "load_policy", "load_policy_text",
     "parse_duration", "parse_money",
 ]
+
+DEFAULT_POLICY_PATH = Path(__file__).resolve().parent / "default.yaml"  # the shipped default policy
