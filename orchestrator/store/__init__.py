@@ -4,8 +4,11 @@ with Alembic migrations.
 """
 
 from orchestrator.store.engine import default_sqlite_url
+from orchestrator.store.fencing import StaleLeaderError
 from orchestrator.store.migrate import downgrade, upgrade
 from orchestrator.store.records import JobRecord
 from orchestrator.store.repo import Store
 
-__all__ = ["JobRecord", "Store", "default_sqlite_url", "downgrade", "upgrade"]
+__all__ = [
+    "JobRecord", "StaleLeaderError", "Store", "default_sqlite_url", "downgrade", "upgrade",
+]

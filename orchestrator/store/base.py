@@ -3,6 +3,8 @@
 Every public Store method is one transaction: reads through ``_read()``, writes through
 ``_write()`` (which on SQLite takes the write lock at BEGIN). Compare-and-set writes report a lost
 race by the affected row count, never by an exception, so callers can treat conflicts as data.
+A fenced view (``fencing``) makes ``_write()`` check its leader token first, in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -21,9 +23,15 @@ from sqlalchemy.engine import Engine
 from orchestrator.store import migrate
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
 
+if TYPE_CHECKING:
+    from orchestrator.store.fencing import Fence
+
 
 class StoreBase:
     """Owns the engine; subclasses add the repository methods."""
+
+    # Set only on the views made by ``Store.fenced``; a plain store runs no fence statement.
+    _fence: Fence | None = None
 
     def __init__(self, url: str) -> None:
         self._url = normalize_url(url)
@@ -71,6 +79,10 @@ class StoreBase:
     @contextmanager
     def _write(self) -> Iterator[Connection]:
         with _argument_errors(), self._writer.begin() as conn:
+            if self._fence is not None:
+                # First statement of the transaction, so a deposed leader's write is refused
+                # (and rolled back by the raise) before anything of it is written.
+                self._fence.check(conn)
             yield conn
 
     def _insert(self, table: sa.Table) -> Any:

@@ -24,8 +24,10 @@ from orchestrator.store import tables as T
 from orchestrator.store.base import require_aware
 from orchestrator.store.codec import decision_from_json, decision_to_json, to_jsonable
 from orchestrator.store.engine import default_sqlite_url
+from orchestrator.store.fencing import Fencing
 from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.jobqueue import JobQueue
+from orchestrator.store.pools import PoolControls
 
 # default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
 # re-exported here beside Store.
@@ -78,8 +80,9 @@ def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
 _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
 
 
-class Store(JoinSecrets, JobQueue):
-    """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it."""
+class Store(JoinSecrets, JobQueue, PoolControls, Fencing):
+    """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
+    ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 
     # -- nodes ---------------------------------------------------------------------------------
 

@@ -197,6 +197,31 @@ class JoinAttemptRow(Base):
     remote: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
 
 
+class FenceRow(Base):
+    """The highest leader token that has written in a scope (see ``fencing``)."""
+
+    __tablename__ = "fences"
+
+    scope: Mapped[str] = mapped_column(sa.Text, primary_key=True)
+    token: Mapped[int] = mapped_column(sa.BigInteger)
+    updated_at: Mapped[datetime]
+
+
+class PoolControlRow(Base):
+    """Operator controls of one pool: bursting paused (and why, since when) and a pre-warm floor
+    of burst GPUs kept until ``prewarm_until`` (see ``pools``)."""
+
+    __tablename__ = "pool_controls"
+
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    paused: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    paused_reason: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
+    paused_at: Mapped[datetime | None]
+    prewarm_gpus: Mapped[int | None] = mapped_column(sa.Integer)
+    prewarm_until: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+
 # Core handles for the repository, which issues compare-and-set statements rather than using the
 # unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
 nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
@@ -206,3 +231,5 @@ policy_memory: sa.Table = PolicyMemoryRow.__table__  # type: ignore[assignment]
 capacity_blocks: sa.Table = CapacityBlockRow.__table__  # type: ignore[assignment]
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
+fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
+pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]
