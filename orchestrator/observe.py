@@ -2,7 +2,8 @@
 
 Everything in the Snapshot is a copy taken now; the planner never sees a live object. Node usage
 (GPUs busy, idle since when, heartbeat) comes from the queue/fabric's view and is folded into the
-node copies here, so the planner reads one consistent value per node.
+node copies here, so the planner reads one consistent value per node. Operator pool controls
+(paused pools, pre-warm floors still in force) come from the store's ``pool_controls``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
-from orchestrator.domain.snapshot import Snapshot
+from orchestrator.domain.snapshot import PrewarmRequest, Snapshot
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
 
@@ -49,6 +50,14 @@ class Observer:
         return self._catalogue
 
     def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset()) -> Snapshot:
+        """The world at ``now``. ``paused_pools`` adds to the pools paused in the store."""
+        controls = self.store.pool_controls()
+        paused = frozenset(paused_pools) | {pool for pool, c in controls.items() if c.paused}
+        prewarm: dict[str, PrewarmRequest] = {}
+        for pool, control in controls.items():
+            request = control.prewarm(now)  # None once ``until`` has passed
+            if request is not None:
+                prewarm[pool] = request
         queues = self.queue.observe(now)
         nodes = self.store.nodes()
         usage: dict[str, NodeUsage] = {}
@@ -74,5 +83,6 @@ class Observer:
             offerings=self.catalogue(),
             capacity_blocks=tuple(self.store.capacity_blocks(now)),
             memory=self.store.load_memory(),
-            paused_pools=paused_pools,
+            paused_pools=paused,
+            prewarm=prewarm,
         )

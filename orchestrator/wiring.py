@@ -103,10 +103,21 @@ class Settings(BaseSettings):
             return self.secret_key.get_secret_value().encode()
         path = self.state_dir / "secret.key"
         if not path.exists():
+            # Several processes may start at once on a fresh state dir: write the key to a private
+            # file, then link it into place atomically; whoever links first wins, all read that.
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            tmp = path.with_name(f".secret.key.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(secrets.token_hex(32))
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
         return path.read_text().strip().encode()
 
 

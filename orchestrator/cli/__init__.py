@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
+from orchestrator.cli.pool_cmd import pool_app, spend_command
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
 from orchestrator.cli.demo_cmd import demo_command
 from orchestrator.cli.plan_cmd import plan_command
@@ -22,6 +24,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(db_app, name="db")
 app.add_typer(provider_app, name="provider")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(pool_app, name="pool")
 app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)
@@ -30,6 +33,10 @@ app.command("decisions")(decisions_command)
 app.command("explain")(explain_command)
 app.command("demo")(demo_command)
 app.command("agent")(agent_command)
+app.command("worker")(worker_command)
+app.command("beat")(beat_command)
+app.command("api")(api_command)
+app.command("spend")(spend_command)
 
 
 def main() -> None:

@@ -89,10 +89,13 @@ def db_upgrade(
     from orchestrator.store import Store
 
     settings = load_settings(database_url=database_url)
+    from sqlalchemy.engine import make_url
+
+    shown = make_url(settings.store_url).render_as_string(hide_password=True)
     try:
         store = Store(settings.store_url)
         store.upgrade()
         store.close()
     except Exception as exc:  # noqa: BLE001 - a connection or migration error, reported plainly
-        fail(f"cannot upgrade {settings.store_url}: {type(exc).__name__}: {exc}")
-    err.print(f"database at {settings.store_url} is at the newest schema")
+        fail(f"cannot upgrade {shown}: {type(exc).__name__}")
+    err.print(f"database at {shown} is at the newest schema")

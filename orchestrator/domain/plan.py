@@ -24,6 +24,7 @@ class Rule(StrEnum):
     LIMITED = "limited"  # demand exists but limits allow no launch
     NO_OFFERING = "no-offering"  # no usable offering fits the demand
     MIN_NODES = "min-nodes"  # launches to keep min_nodes
+    PREWARM = "prewarm"  # an operator's pre-warm floor decided the tick (launches or holds)
 
 
 class ActionReason(StrEnum):
@@ -43,6 +44,8 @@ class ActionReason(StrEnum):
     FAILED = "failed"  # node failed; its instance must go
     LEAKED = "leaked"  # an owned instance with no live node record
     RETRY_LAUNCH = "retry-launch"  # re-issue a launch whose outcome was never recorded
+    PREWARM = "prewarm"  # keeping an operator's pre-warm floor of GPUs for the pool
+    OPERATOR = "operator"  # an operator asked for it (e.g. draining a whole pool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,43 @@ class PolicyMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class PrewarmRequest:
+    """An operator's floor for a pool: keep at least ``gpus`` burst GPUs ready or starting
+    until ``until`` (e.g. before a scheduled experiment). A floor, not a cap."""
+
+    gpus: int
+    until: datetime
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"prewarm gpus must be a positive int, got {self.gpus!r}")
+
+    def active(self, now: datetime) -> bool:
+        return now < self.until
+
+
+@dataclass(frozen=True, slots=True)
+class PoolControl:
+    """Operator controls of one pool as stored: bursting paused or not, and a pre-warm floor."""
+
+    pool: str
+    paused: bool = False
+    paused_reason: str = ""
+    paused_at: datetime | None = None
+    prewarm_gpus: int | None = None
+    prewarm_until: datetime | None = None
+    updated_at: datetime | None = None
+
+    def prewarm(self, now: datetime) -> PrewarmRequest | None:
+        """The pre-warm request in force at ``now``, if any (an expired one is ignored)."""
+        if self.prewarm_gpus is None or self.prewarm_until is None or self.prewarm_gpus < 1:
+            return None
+        if not now < self.prewarm_until:
+            return None
+        return PrewarmRequest(self.prewarm_gpus, self.prewarm_until)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """World state at ``taken_at``."""
 
@@ -72,3 +109,4 @@ class Snapshot:
     capacity_blocks: tuple[CapacityBlock, ...] = ()
     memory: dict[str, PolicyMemory] = field(default_factory=dict)
     paused_pools: frozenset[str] = frozenset()
+    prewarm: dict[str, PrewarmRequest] = field(default_factory=dict)  # pool -> floor in force

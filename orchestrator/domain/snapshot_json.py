@@ -18,10 +18,17 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.offerings import BillingRule, Offering
 from orchestrator.domain.plan import Decision, Drain, Hold, Launch, OfferingOption, Plan, Terminate
-from orchestrator.domain.snapshot import CapacityBlock, OnPremState, PolicyMemory, PoolQueue, Snapshot
+from orchestrator.domain.snapshot import (
+    CapacityBlock,
+    OnPremState,
+    PolicyMemory,
+    PoolQueue,
+    PrewarmRequest,
+    Snapshot,
+)
 
 for _cls in (Job, Node, BillingRule, Offering, CapacityBlock, OnPremState, PolicyMemory, PoolQueue,
-             Snapshot):
+             PrewarmRequest, Snapshot):
     _cls.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 _SNAPSHOT = TypeAdapter(Snapshot)
@@ -69,6 +76,8 @@ def _times(snapshot: Snapshot):
             yield f"queues.{pool}.pending.{i}.submitted_at", job.submitted_at
     for i, node in enumerate(snapshot.nodes):
         yield f"nodes.{i}.state_since", node.state_since
+    for pool, request in snapshot.prewarm.items():
+        yield f"prewarm.{pool}.until", request.until
 
 
 def load_snapshot(path: str | Path) -> Snapshot:

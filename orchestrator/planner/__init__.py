@@ -6,7 +6,8 @@ tick twice yields the same actions and the executor's idempotency makes the repe
 
 Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); absorption of pending
 jobs into on-prem and existing burst capacity (:mod:`.demand`); the trigger with its
-``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`).
+``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`);
+then an operator's pre-warm floor (:func:`_prewarm`), which launches what the floor still lacks.
 Exactly one :class:`Decision` records the rule that decided the tick, the inputs that mattered,
 the offerings weighed with their expected cost, and which limits held launches back.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.domain.nodes import Node, NodeState
@@ -28,11 +30,11 @@ from orchestrator.domain.plan import (
     Plan,
     Rule,
 )
-from orchestrator.domain.snapshot import PolicyMemory, Snapshot
+from orchestrator.domain.snapshot import PolicyMemory, PrewarmRequest, Snapshot
 from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, resolve_candidates
 from orchestrator.planner.scaledown import plan_scale_down
-from orchestrator.planner.scaleup import Grant, grant_nodes, pool_budget, price_options
+from orchestrator.planner.scaleup import Budget, Grant, grant_nodes, pool_budget, price_options
 from orchestrator.policy.models import Policy, TriggerCombine
 
 __all__ = ["plan"]
@@ -73,8 +75,16 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
     memory = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
     demand = absorb(queue, nodes, policy)
+    prewarm = snapshot.prewarm.get(pool)
+    if prewarm is not None and not prewarm.active(now):
+        prewarm = None
+    # The floor is the pool's: GPUs that other policies keep in the pool count toward it.
+    others = sum(n.gpus for n in snapshot.nodes
+                 if n.pool == pool and n.policy != policy.name and _staying(n))
+    floor = max(prewarm.gpus - others, 0) if prewarm is not None else 0  # this policy's share
 
-    actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did))
+    actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did,
+                                                 floor_gpus=floor))
     if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
         memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
 
@@ -90,6 +100,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
     # Priced alternatives are recorded whenever there is demand, even when nothing launches, so
     # "why did it not burst" can be answered with the money involved.
     ranked = _rank(candidates, options, demand.unmet) if candidates else []
+    budget: Budget | None = pool_budget(policy, nodes, candidates) if candidates else None
 
     min_missing = policy.limits.min_nodes - sum(
         1 for n in nodes if n.state.in_flight or n.state is NodeState.READY
@@ -97,8 +108,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
     if pool in snapshot.paused_pools:
         rule, summary = Rule.PAUSED, f"bursting for pool {pool} is paused"
         trigger_since = None
-    elif min_missing > 0 and candidates:
-        budget = pool_budget(policy, nodes, candidates)
+    elif min_missing > 0 and budget is not None:
         grants = []
         for _ in range(min_missing):
             if budget.blocker(ranked[0]) is not None:
@@ -129,11 +139,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         rule = Rule.COOLDOWN
         wait = policy.cooldowns.scale_up - (now - memory.last_launch_at)
         summary = f"{demand.unmet_gpus} unmet GPU(s); scale-up cooldown for {wait.total_seconds():.0f}s more"
-    elif not candidates:
+    elif budget is None:
         rule = Rule.NO_OFFERING
         summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
     else:
-        budget = pool_budget(policy, nodes, candidates)
         held = _held_gpus(nodes)
         grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst)
         held_back = tuple(held_list)
@@ -149,6 +158,31 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         else:
             rule = Rule.LIMITED
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
+
+    if prewarm is not None:
+        have = others + sum(n.gpus for n in nodes if _staying(n))
+        have += sum(lc.offering.gpus for lc in launches)  # this tick's launches count too
+        warm = _prewarm(policy, prewarm, have, candidates, rejected, budget,
+                        pool in snapshot.paused_pools, now, did, start=len(launches))
+        held_back = tuple(dict.fromkeys(held_back + warm.held_back))
+        inputs["prewarm"] = {"gpus": prewarm.gpus, "until": prewarm.until.isoformat(),
+                             "have_gpus": have}
+        if warm.launches and not launches:
+            # The floor alone launches: it decides the tick (any demand story stays in the text).
+            if rule is not Rule.NO_DEMAND:
+                warm.summary += f"; demand: {rule}: {summary}"
+            rule, summary, chosen = Rule.PREWARM, warm.summary, warm.launches[0].offering.key
+            options = list(rejected) + warm.options
+        elif rule is Rule.NO_DEMAND:
+            rule, summary = Rule.PREWARM, warm.summary
+            if warm.options:
+                options = list(rejected) + warm.options
+        elif rule is Rule.COVERED and warm.held_back:
+            # Demand is answered; what is left to explain is the floor the limits hold back.
+            rule, summary = Rule.PREWARM, f"{warm.summary}; {summary}"
+        else:
+            summary = f"{summary}; {warm.summary}"
+        launches = launches + warm.launches
 
     actions = list(launches) + actions
     if launches:
@@ -202,9 +236,84 @@ def _held_gpus(nodes: list[Node]) -> dict[str, int]:
     return held
 
 
-def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReason) -> list[Launch]:
+def _staying(node: Node) -> bool:
+    """Alive and not leaving: what min_nodes and a pre-warm floor count."""
+    return node.state.in_flight or node.state is NodeState.READY
+
+
+@dataclass(slots=True)
+class _Prewarm:
+    launches: list[Launch]
+    summary: str
+    held_back: tuple[str, ...] = ()
+    options: list[OfferingOption] = field(default_factory=list)
+
+
+def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: list[Candidate],
+             rejected: list[OfferingOption], budget: Budget | None, paused: bool, now: datetime,
+             did: str, start: int) -> _Prewarm:
+    """Launch what the pool's pre-warm floor lacks: ``request.gpus`` burst GPUs ready or starting
+    (``have`` of them already are, this tick's launches included) until ``request.until``.
+
+    The offering is the one covering the gap for the least money per hour (node count x price),
+    then the next ones should its own ``max_nodes`` bind; a pool-wide limit stops all pre-warm
+    launching and is named in ``held_back``. A paused pool launches nothing.
+    """
+    until = request.until.isoformat().replace("+00:00", "Z")
+    text = f"pre-warming {request.gpus} GPUs until {until}"
+    gap = request.gpus - have
+    if gap <= 0:
+        return _Prewarm([], f"{text}: {have} GPU(s) ready or starting, the floor is met")
+    if paused:
+        return _Prewarm([], f"{text}: {gap} GPU(s) short, held while the pool is paused")
+    if budget is None:
+        why = "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
+        return _Prewarm([], f"{text}: {gap} GPU(s) short, no usable offering ({why})")
+    hours = max((request.until - now).total_seconds(), 60.0) / 3600
+
+    def cost(c: Candidate) -> tuple:
+        nodes = -(-gap // c.offering.gpus)
+        return (nodes * c.offering.price_usd_hour, c.offering.price_per_gpu_hour, c.offering.key)
+
+    ranked = sorted(candidates, key=cost)
+    options = []
+    for c in ranked:
+        nodes = -(-gap // c.offering.gpus)
+        options.append(OfferingOption(c.offering.key, c.offering.gpus, c.offering.price_usd_hour,
+                                      nodes, round(nodes * c.offering.price_usd_hour * hours, 4)))
+    grants: list[Grant] = []
+    held: list[str] = []
+    missing = gap
+    for candidate in ranked:
+        blocker = None
+        while missing > 0 and blocker is None:
+            blocker = budget.blocker(candidate)
+            if blocker is None:
+                budget.take(candidate)
+                grants.append(Grant(candidate, "-"))
+                missing -= candidate.offering.gpus
+        if blocker is None:
+            break  # the gap is covered
+        if blocker not in held:
+            held.append(blocker)
+        if not blocker.startswith("offerings["):
+            break  # a pool-wide limit: no other offering helps
+    launches = _launches(policy, grants, did, ActionReason.PREWARM, start=start)
+    if launches:
+        kinds = ", ".join(sorted({lc.offering.key for lc in launches}))
+        text += (f": {have} GPU(s) ready or starting, launching {len(launches)} node(s) ({kinds}) "
+                 f"for the {gap} short")
+    else:
+        text += f": {gap} GPU(s) short"
+    if held:
+        text += f"; held back by {', '.join(held)}"
+    return _Prewarm(launches, text, tuple(held), options)
+
+
+def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReason,
+              start: int = 0) -> list[Launch]:
     launches = []
-    for index, grant in enumerate(grants):
+    for index, grant in enumerate(grants, start):
         node_id = f"{policy.name}-" + _child_id("", did, index)[:10]
         launches.append(Launch(
             policy=policy.name,

@@ -9,7 +9,11 @@ Rules, in order:
    would fit on it, keeping it would be needed for ``limits.min_nodes``, or the pool launched
    within ``cooldowns.scale_down`` (hysteresis: a node is not given up right after the pool
    decided it needed more).
+   Nor is it drained while an operator's pre-warm floor still needs it: ``floor_gpus`` burst
+   GPUs (ready or starting) stay until the pre-warm's ``until``; idle nodes above the floor go
+   as usual, and once ``until`` has passed the floor is 0 and the normal idle rule applies.
 4. Ready nodes beyond ``limits.max_nodes`` (the limit was lowered) are drained, idle ones first.
+   A hard limit: it wins over a pre-warm floor.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def plan_scale_down(
     memory: PolicyMemory,
     now: datetime,
     decision_id: str,
+    floor_gpus: int = 0,
 ) -> list[Action]:
     actions: list[Action] = []
     for node in nodes:
@@ -49,6 +54,7 @@ def plan_scale_down(
     # Nodes that still count toward min_nodes: everything alive that is not leaving.
     staying = [n for n in nodes if n.state.in_flight or n.state is NodeState.READY]
     removable = len(staying) - keep
+    staying_gpus = sum(n.gpus for n in staying)
     draining_now: set[str] = set()
 
     idle = sorted(
@@ -59,6 +65,9 @@ def plan_scale_down(
         for node in idle:
             if removable <= 0:
                 break
+            if staying_gpus - node.gpus < floor_gpus:
+                continue  # the pre-warm floor still needs it (a smaller idle node may go)
+            staying_gpus -= node.gpus
             actions.append(Drain(node.id, ActionReason.IDLE, deadline, decision_id=decision_id))
             draining_now.add(node.id)
             removable -= 1

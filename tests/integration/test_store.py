@@ -389,7 +389,9 @@ def test_concurrent_writers_serialise(store: Store, store_url: str) -> None:
     """Writers on separate engines (and, for SQLite, separate processes) wait, never error."""
     race(3, lambda _: _submit_many(store_url, 15))
     if store.dialect == "sqlite":
-        ctx = multiprocessing.get_context("fork")  # threads above are joined: fork is safe
+        # spawn, not fork: a forked child inherits whatever sockets earlier tests left open (e.g. a
+        # Celery worker's Redis connection, whose after-fork hook then blocks the child forever).
+        ctx = multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=_submit_many, args=(store_url, 15)) for _ in range(2)]
         for p in procs:
             p.start()

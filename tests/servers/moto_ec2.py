@@ -11,6 +11,7 @@ Usage::
     with MotoEC2Server() as server:              # or start()/stop() around a session
         monkeypatch.setenv(...)                  # server.env(): endpoint, fake credentials, region
         server.inject("RunInstances", 500, "InsufficientInstanceCapacity", "no p5 capacity", times=1)
+        server.delay("RunInstances", 3.0, times=1)  # the next RunInstances answers 3 s late
         ...
         server.reset()                           # moto's state, faults and counters wiped
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
@@ -54,24 +56,41 @@ class _Fault:
     remaining: int
 
 
+@dataclass
+class _Delay:
+    seconds: float
+    remaining: int
+
+
 class FaultInjector:
-    """WSGI middleware: answers chosen EC2 actions with EC2-shaped errors; counts every action."""
+    """WSGI middleware: answers chosen EC2 actions with EC2-shaped errors, or late; counts every
+    action."""
 
     def __init__(self, app: Any):
         self.app = app
         self._lock = threading.Lock()
         self._faults: dict[str, _Fault] = {}
+        self._delays: dict[str, _Delay] = {}
         self.calls: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()  # requests of each action being answered now
 
     def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1) -> None:
         """Fail the next ``times`` calls of ``action`` (e.g. "RunInstances") with this error."""
         with self._lock:
             self._faults[action] = _Fault(http_status, code, message or code, times)
 
+    def delay(self, action: str, seconds: float, times: int = 1) -> None:
+        """Hold the next ``times`` calls of ``action`` for ``seconds`` before moto handles them
+        (the call then succeeds or fails as it would have): a slow cloud API, e.g. to kill a
+        client while its RunInstances is in flight."""
+        with self._lock:
+            self._delays[action] = _Delay(seconds, times)
+
     def clear(self) -> None:
-        """Drop every pending fault."""
+        """Drop every pending fault and delay."""
         with self._lock:
             self._faults.clear()
+            self._delays.clear()
 
     def reset_counts(self) -> None:
         with self._lock:
@@ -93,8 +112,25 @@ class FaultInjector:
                 fault.remaining -= 1
             else:
                 fault = None
-        if fault is None:
-            return self.app(environ, start_response)
+            delay = self._delays.get(action)
+            if delay is not None and delay.remaining > 0:
+                delay.remaining -= 1
+                pause = delay.seconds
+            else:
+                pause = 0.0
+            self.in_flight[action] += 1
+        try:
+            if pause:
+                time.sleep(pause)  # the client's connection stays open meanwhile
+            if fault is None:
+                return self.app(environ, start_response)
+            return self._error(fault, start_response)
+        finally:
+            with self._lock:
+                self.in_flight[action] -= 1
+
+    @staticmethod
+    def _error(fault: _Fault, start_response: Any) -> list[bytes]:
         # The error document EC2 sends (botocore's ec2 parser reads Errors/Error/Code and Message).
         xml = (
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -186,6 +222,16 @@ class MotoEC2Server:
     def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1) -> None:
         assert self.faults is not None, "MotoEC2Server is not started"
         self.faults.inject(action, http_status, code, message, times)
+
+    def delay(self, action: str, seconds: float, times: int = 1) -> None:
+        assert self.faults is not None, "MotoEC2Server is not started"
+        self.faults.delay(action, seconds, times)
+
+    def in_flight(self, action: str) -> int:
+        """How many requests for ``action`` the server is answering right now (delayed included)."""
+        assert self.faults is not None, "MotoEC2Server is not started"
+        with self.faults._lock:
+            return self.faults.in_flight[action]
 
     def clear(self) -> None:
         if self.faults is not None:

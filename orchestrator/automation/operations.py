@@ -1,0 +1,443 @@
+"""Operator operations on a wired Runtime: evaluate a policy now, pre-warm, drain, pause and
+resume a pool, and report spend.
+
+Plain functions, shared by the public Celery tasks (:mod:`orchestrator.automation.public`) and the
+``burst pool`` / ``burst spend`` commands, so both validate the same way and say the same things.
+Arguments arrive raw (JSON from a task message, text from a command line) and go through the
+strict pydantic models below (:func:`parse`); what needs the runtime to check (is there such a
+pool, is the time in the future) is checked by the operation. Every refusal is an
+:class:`InvalidArgument` whose message starts with the argument's name. Results are small dicts
+of JSON values (times as ISO 8601 text, money as decimal text).
+
+Spend is computed from the node event log and each node's recorded price: an instance costs from
+``launching`` (the provider accepted the launch) until ``terminated`` (the provider confirmed it
+gone), or until now while it lives. The billing rule (per second, one-minute minimum) rounds each
+instance's whole life once; the part it adds beyond the seconds actually lived is charged at the
+launch, so windows that partition time add up to the same total. Sums are Decimal: rows add up to
+the total exactly, and their cents (largest-remainder rounding) add up to the total's cents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_DOWN, ROUND_HALF_EVEN, Decimal
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.offerings import BillingRule
+from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
+from orchestrator.planner import plan as make_plan
+from orchestrator.policy.models import Policy
+from orchestrator.wiring import Runtime
+
+GROUP_KEYS = ("project", "provider", "instance_type", "pool", "day")
+NO_PROJECT = "-"  # nodes launched for no project (min_nodes, pre-warm)
+TIME_EXAMPLE = "2026-12-01T09:00:00Z"
+CENT = Decimal("0.01")
+MICRO = Decimal("0.000001")
+DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum (AWS and GCP Linux instances)
+
+
+class InvalidArgument(ValueError):
+    """A refused argument. The message names the argument and what is wrong with it;
+    ``argument`` is that name (taken from the message when not given)."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument if argument is not None else message.split(":", 1)[0]
+
+
+# -- argument models ------------------------------------------------------------------------------
+
+
+def parse_time(value: Any) -> datetime:
+    """An ISO 8601 time with a timezone (``Z`` or an offset), as tz-aware UTC."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"not an ISO 8601 time (e.g. {TIME_EXAMPLE}) (got {value!r})") from None
+    if not isinstance(value, datetime):
+        # ValueError, not TypeError: pydantic turns only ValueErrors into validation errors.
+        raise ValueError(  # noqa: TRY004
+            f"must be an ISO 8601 time string (e.g. {TIME_EXAMPLE}), got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"needs a timezone, e.g. {TIME_EXAMPLE} or +02:00 "
+                         f"(got {value.isoformat()})")
+    return value.astimezone(UTC)
+
+
+def parse_group_by(value: Any) -> tuple[str, ...]:
+    """``"project,provider"`` or ``["project", "provider"]``: keys of :data:`GROUP_KEYS`."""
+    if isinstance(value, str):
+        keys = [k.strip() for k in value.split(",")]
+    elif isinstance(value, list | tuple) and all(isinstance(k, str) for k in value):
+        keys = [k.strip() for k in value]
+    else:
+        raise ValueError("must be a comma-separated string or a list of strings")
+    if not keys or any(not k for k in keys):
+        raise ValueError(f"needs one or more of {', '.join(GROUP_KEYS)}, comma-separated")
+    unknown = [k for k in keys if k not in GROUP_KEYS]
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(GROUP_KEYS)}")
+    if len(set(keys)) != len(keys):
+        raise ValueError("names a key twice")
+    return tuple(keys)
+
+
+Name = Annotated[StrictStr, Field(min_length=1, max_length=128)]
+Reason = Annotated[StrictStr, Field(max_length=500)]
+AwareTime = Annotated[datetime, BeforeValidator(parse_time)]
+GroupBy = Annotated[tuple[str, ...], BeforeValidator(parse_group_by)]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class EvaluateArgs(_Args):
+    policy: Name
+
+
+class PoolArgs(_Args):
+    pool: Name
+
+
+class PauseArgs(PoolArgs):
+    reason: Reason = ""
+
+
+class DrainArgs(PoolArgs):
+    reason: Reason = ""
+
+
+class PrewarmArgs(PoolArgs):
+    gpus: Annotated[int, Field(ge=1, le=1_000_000)]
+    until: AwareTime
+
+
+class SpendArgs(_Args):
+    since: AwareTime | None = None
+    until: AwareTime | None = None
+    group_by: GroupBy = ("project",)
+
+
+M = TypeVar("M", bound=_Args)
+
+
+def parse(model: type[M], **values: Any) -> M:
+    """Validate raw arguments with ``model``; InvalidArgument naming each bad one otherwise."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems: list[str] = []
+        seen: list[str] = []
+        # An unknown argument first: it is most often a misspelling of the missing one.
+        errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")
+        for error in errors:
+            name = str(error["loc"][0]) if error["loc"] else "arguments"
+            if name in seen:
+                continue  # a union (since: time | None) reports one error per branch
+            seen.append(name)
+            if error["type"] == "missing":
+                problem = "is required"
+            elif error["type"] == "extra_forbidden":
+                problem = "is not a known argument"
+            else:
+                problem = error["msg"].removeprefix("Value error, ")
+                if "(got" not in problem and "got " not in problem:
+                    problem += f" (got {_short(error.get('input'))})"
+            problems.append(f"{name}: {problem}")
+        raise InvalidArgument("; ".join(problems), seen[0] if seen else None) from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# -- lookups in the running policies --------------------------------------------------------------
+
+
+def pools_of(rt: Runtime) -> dict[str, list[Policy]]:
+    """Pool name -> the running policies that burst it."""
+    pools: dict[str, list[Policy]] = {}
+    for policy in rt.policies.values():
+        pools.setdefault(policy.pool.name, []).append(policy)
+    return pools
+
+
+def _policy(rt: Runtime, name: str) -> Policy:
+    policy = rt.policies.get(name)
+    if policy is None:
+        running = ", ".join(sorted(rt.policies)) or "none"
+        raise InvalidArgument(f"policy: no running policy is named {name!r} (running: {running})",
+                              "policy")
+    return policy
+
+
+def _pool(rt: Runtime, name: str) -> list[Policy]:
+    pools = pools_of(rt)
+    if name not in pools:
+        known = ", ".join(sorted(pools)) or "none"
+        raise InvalidArgument(f"pool: no running policy bursts a pool named {name!r} "
+                              f"(pools: {known})", "pool")
+    return pools[name]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else None
+
+
+def _staying_gpus(nodes: Iterable[Node]) -> int:
+    return sum(n.gpus for n in nodes if n.state.in_flight or n.state is NodeState.READY)
+
+
+# -- operations -----------------------------------------------------------------------------------
+
+
+def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = None) -> dict:
+    """Plan one tick for ``policy`` now, instead of waiting for the next one.
+
+    With ``tick`` (the Celery ``burst.loop.tick`` body: leader lease, fenced writes, provider
+    calls handed to tasks) that runs it, so an evaluation never races the scheduled tick. Without,
+    the embedded sequence of the control loop runs in this process: on-prem dispatch, observe,
+    plan, execute.
+    """
+    _policy(rt, policy)
+    if tick is not None:
+        outcome = dict(tick(policy))
+    else:
+        now = rt.clock.now()
+        rt.queue.dispatch_onprem(now)
+        snapshot = rt.observer.snapshot(now)
+        result = make_plan(snapshot, [rt.policies[policy]], now)
+        report = rt.executor.execute(result)
+        outcome = {
+            "policy": policy, "leader": True,
+            "decisions": [d.id for d in result.decisions],
+            "launch": sum(isinstance(a, Launch) for a in result.actions),
+            "drain": sum(isinstance(a, Drain) for a in result.actions),
+            "terminate": sum(isinstance(a, Terminate) for a in result.actions),
+        }
+        if report.errors or report.capacity_errors:
+            outcome["errors"] = report.errors + [f"capacity: {k}" for k in report.capacity_errors]
+    decisions = outcome.pop("decisions", [])
+    if not outcome.get("leader", False):
+        outcome["note"] = ("another worker holds this policy's leader lease and is planning it "
+                           "right now; its decision is the one that counts")
+    for did in decisions:
+        decision = rt.store.get_decision(did)
+        if decision is not None:
+            outcome["decision"] = {"id": decision.id, "rule": str(decision.rule),
+                                   "summary": decision.summary,
+                                   "held_back_by": list(decision.held_back_by)}
+    return outcome
+
+
+def prewarm(rt: Runtime, pool: str, gpus: int, until: datetime) -> dict:
+    """Keep at least ``gpus`` burst GPUs (ready or starting) for ``pool`` until ``until``.
+
+    Replaces any earlier pre-warm of the pool. The planner launches what is missing at its next
+    tick, within every limit, and keeps those nodes from idle scale-down until ``until``.
+    """
+    policies = _pool(rt, pool)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidArgument(f"gpus: must be a whole number of at least 1 (got {gpus!r})", "gpus")
+    until = parse_time(until) if not isinstance(until, datetime) else until
+    if until.tzinfo is None:
+        raise InvalidArgument(f"until: needs a timezone, e.g. {TIME_EXAMPLE}", "until")
+    now = rt.clock.now()
+    if until <= now:
+        raise InvalidArgument(f"until: {_iso(until)} is not in the future (now: {_iso(now)})",
+                              "until")
+    control = rt.store.set_prewarm(pool, gpus, until, now)
+    have = _staying_gpus(n for n in rt.store.nodes() if n.pool == pool)
+    result = {"pool": pool, "gpus": gpus, "until": _iso(until), "have_gpus": have,
+              "paused": control.paused,
+              "note": (f"the planner launches the {max(gpus - have, 0)} GPU(s) missing at its next "
+                       "tick (or run burst.policy.evaluate), within every limit")}
+    caps = [p.limits.max_burst_gpus for p in policies if p.limits.max_burst_gpus is not None]
+    if caps and gpus > sum(caps):
+        result["note"] += f"; limits.max_burst_gpus ({sum(caps)}) keeps it below {gpus}"
+    if control.paused:
+        result["note"] = ("the pool is paused: nothing is launched for the pre-warm until it is "
+                          "resumed (burst.pool.resume)")
+    return result
+
+
+def pause(rt: Runtime, pool: str, reason: str = "") -> dict:
+    """Stop launches for ``pool``; running nodes stay and drains go on. Idempotent."""
+    _pool(rt, pool)
+    before = rt.store.pool_control(pool)
+    control = rt.store.pause_pool(pool, reason, rt.clock.now())
+    return {"pool": pool, "paused": True, "was_paused": before.paused,
+            "reason": control.paused_reason, "paused_at": _iso(control.paused_at)}
+
+
+def resume(rt: Runtime, pool: str) -> dict:
+    """Let the planner launch for ``pool`` again. Idempotent."""
+    _pool(rt, pool)
+    before = rt.store.pool_control(pool)
+    rt.store.resume_pool(pool, rt.clock.now())
+    return {"pool": pool, "paused": False, "was_paused": before.paused,
+            "paused_since": _iso(before.paused_at)}
+
+
+def drain_pool(rt: Runtime, pool: str, reason: str = "") -> dict:
+    """Drain every ready node of ``pool`` now (deadline: now + its policy's drain grace).
+
+    The pool is paused first, and its pre-warm cleared, so the planner does not launch the
+    capacity again; ``resume`` undoes the pause. Nodes still starting are left to finish and are
+    drained by the idle rule once they have run nothing for ``idle_for``.
+    """
+    policies = _pool(rt, pool)
+    by_name = {p.name: p for p in policies}
+    now = rt.clock.now()
+    had_prewarm = rt.store.pool_control(pool).prewarm(now) is not None
+    rt.store.pause_pool(pool, f"drained{': ' + reason if reason else ''}", now)
+    if had_prewarm:
+        rt.store.clear_prewarm(pool, now)
+    nodes = [n for n in rt.store.nodes() if n.pool == pool]
+    actions = []
+    for node in nodes:
+        if node.state is NodeState.READY:
+            policy = by_name.get(node.policy) or rt.policies.get(node.policy) or policies[0]
+            actions.append(Drain(node.id, ActionReason.OPERATOR, now + policy.scale_down.drain_grace))
+    report = rt.executor.run(actions)
+    deadlines = [a.deadline for a in actions if a.node_id in report.drained]
+    return {
+        "pool": pool, "drained": list(report.drained),
+        "deadline": _iso(max(deadlines)) if deadlines else None,
+        "starting": [n.id for n in nodes if n.state.in_flight],
+        "paused": True, "prewarm_cleared": had_prewarm,
+        "note": ("the pool is now paused so the planner does not launch again; "
+                 "resume it with burst.pool.resume when it should burst again"),
+    }
+
+
+def spend_report(rt: Runtime, since: datetime | None = None, until: datetime | None = None,
+                 group_by: str | Iterable[str] = ("project",)) -> dict:
+    """Burst spend between ``since`` (default: the beginning) and ``until`` (default: now),
+    grouped by ``group_by`` (any of :data:`GROUP_KEYS`, in that order of columns)."""
+    try:
+        keys = parse_group_by(group_by if isinstance(group_by, str) else list(group_by))
+    except ValueError as exc:
+        raise InvalidArgument(f"group_by: {exc}", "group_by") from None
+    now = rt.clock.now()
+    end = until or now
+    if since is not None and since >= end:
+        raise InvalidArgument(f"since: {_iso(since)} must be before until ({_iso(end)})", "since")
+    nodes = {n.id: n for n in rt.store.nodes(include_terminated=True)}
+    rows: dict[tuple[str, ...], _Row] = {}
+    total = _Row()
+    for node_id, (launched, ended) in sorted(rt.store.billing_spans().items()):
+        node = nodes.get(node_id)
+        if node is None:
+            continue
+        for day, seconds in billed_seconds_by_day(launched, ended or now, since, end):
+            key = tuple(_key(node, name, day) for name in keys)
+            row = rows.setdefault(key, _Row())
+            for r in (row, total):
+                r.add(node, seconds)
+    ordered = sorted(rows.items())
+    cents = _allocate_cents([r.cost for _, r in ordered], total.cost)
+    return {
+        "since": _iso(since), "until": _iso(end), "group_by": list(keys), "currency": "USD",
+        "rows": [{**dict(zip(keys, key, strict=True)), **row.as_json(c)}
+                 for (key, row), c in zip(ordered, cents, strict=True)],
+        "total": total.as_json(total.cost.quantize(CENT, ROUND_HALF_EVEN)),
+    }
+
+
+# -- spend arithmetic -----------------------------------------------------------------------------
+
+
+def billed_seconds_by_day(launched: datetime, ended: datetime, since: datetime | None,
+                          until: datetime, rule: BillingRule = DEFAULT_BILLING
+                          ) -> list[tuple[date, Decimal]]:
+    """The billed seconds of one instance inside [since, until), per UTC day.
+
+    The seconds it lived there, split at midnight, plus (on the launch day, if the launch lies in
+    the window) what the billing rule adds to its whole life: the minimum and the rounding up.
+    """
+    lived = max(ended - launched, timedelta(0))
+    extra = Decimal(str(rule.billed_seconds(lived.total_seconds()))) - _seconds(lived)
+    start = launched if since is None else max(launched, since)
+    stop = min(ended, until)
+    out: dict[date, Decimal] = {}
+    cursor = start
+    while cursor < stop:
+        midnight = datetime.combine(cursor.date() + timedelta(days=1), datetime.min.time(), UTC)
+        piece_end = min(stop, midnight)
+        out[cursor.date()] = out.get(cursor.date(), Decimal(0)) + _seconds(piece_end - cursor)
+        cursor = piece_end
+    if extra > 0 and (since is None or since <= launched) and launched < until:
+        day = launched.astimezone(UTC).date()
+        out[day] = out.get(day, Decimal(0)) + extra
+    return sorted(out.items())
+
+
+def _seconds(delta: timedelta) -> Decimal:
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return Decimal(micros) / Decimal(1_000_000)  # exact: a terminating decimal
+
+
+def _key(node: Node, name: str, day: date) -> str:
+    if name == "project":
+        return node.project or NO_PROJECT
+    if name == "day":
+        return day.isoformat()
+    return str(getattr(node, name))
+
+
+class _Row:
+    """Sums of one group: distinct nodes, instance seconds, GPU seconds, cost (Decimal USD)."""
+
+    __slots__ = ("cost", "gpu_seconds", "nodes", "seconds")
+
+    def __init__(self) -> None:
+        self.nodes: set[str] = set()
+        self.seconds = Decimal(0)
+        self.gpu_seconds = Decimal(0)
+        self.cost = Decimal(0)
+
+    def add(self, node: Node, seconds: Decimal) -> None:
+        self.nodes.add(node.id)
+        self.seconds += seconds
+        self.gpu_seconds += seconds * node.gpus
+        # Each piece is rounded to the micro-dollar once; from there on sums are exact.
+        price = Decimal(str(node.price_usd_hour))
+        self.cost += (price * seconds / 3600).quantize(MICRO, ROUND_HALF_EVEN)
+
+    def as_json(self, cents: Decimal) -> dict:
+        return {
+            "nodes": len(self.nodes),
+            "instance_hours": float((self.seconds / 3600).quantize(Decimal("0.0001"))),
+            "gpu_hours": float((self.gpu_seconds / 3600).quantize(Decimal("0.0001"))),
+            "cost_usd": str(cents),
+            "cost_usd_exact": str(self.cost.quantize(MICRO)),
+        }
+
+
+def _allocate_cents(amounts: list[Decimal], total: Decimal) -> list[Decimal]:
+    """Round each amount to cents so that they add up to ``total`` rounded to cents: floor each,
+    then give the cents left to the largest remainders (earlier rows first on ties)."""
+    target = total.quantize(CENT, ROUND_HALF_EVEN)
+    floors = [a.quantize(CENT, ROUND_DOWN) for a in amounts]
+    left = int((target - sum(floors, Decimal(0))) / CENT)
+    order = sorted(range(len(amounts)), key=lambda i: (-(amounts[i] - floors[i]), i))
+    for i in order[:max(left, 0)]:
+        floors[i] += CENT
+    return floors
+
+
+__all__ = [
+    "GROUP_KEYS", "DrainArgs", "EvaluateArgs", "InvalidArgument", "PauseArgs", "PoolArgs",
+    "PrewarmArgs", "SpendArgs", "billed_seconds_by_day", "drain_pool", "evaluate", "parse",
+    "parse_group_by", "parse_time", "pause", "pools_of", "prewarm", "resume", "spend_report",
+]

@@ -1,0 +1,181 @@
+"""Celery tasks of the control loop: thin adapters that load fresh state by id and call the core.
+
+* ``burst.loop.tick(policy)``: only the holder of the policy's leader lease plans; its writes go
+  through a store fenced with the lease's token, so a paused old leader that wakes up is refused.
+  Of the tick messages of one period (two beats send two) only the first plans.
+  The tick records intents (decisions, memory, ``requested`` nodes) and hands every provider call
+  to a task of its own.
+* ``burst.provider.launch(node_id)``: calls the provider for a ``requested`` node, with the node's
+  request id as the idempotency token. Late-acknowledged (idempotent): redelivery after a worker
+  dies is harmless. Transient errors retry with backoff and jitter; invalid-request and auth errors
+  never retry; a capacity error blocks the offering and asks the planner to choose again.
+* ``burst.node.drain`` / ``burst.node.terminate``: one node each, idempotent.
+* ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from celery import shared_task
+
+from orchestrator.automation.leader import lead
+from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
+from orchestrator.domain.plan import Drain, Launch, Terminate
+from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
+from orchestrator.executor import Executor
+from orchestrator.planner import plan as make_plan
+from orchestrator.reconciler import Reconciler
+from orchestrator.sources.builtin import BuiltinQueue
+
+log = logging.getLogger(__name__)
+
+
+def _fenced(scope: str, token: int) -> tuple[Executor, Reconciler]:
+    """An executor and reconciler whose store writes carry the leader's fencing token."""
+    rt = runtime()
+    store = rt.store.fenced(scope, token)
+    executor = Executor(store, rt.providers, rt.fabric, rt.clock, rt.tokens, rt.policies, rt.executor.config)
+    executor.disabled = rt.executor.disabled
+    reconciler = Reconciler(store, rt.fabric, rt.policies, rt.reconciler.config)
+    return executor, reconciler
+
+
+def _dispatch(actions) -> dict:
+    """Record launch intents (already done by the caller) and send each side effect to a task."""
+    counts = {"launch": 0, "drain": 0, "terminate": 0}
+    for action in actions:
+        if isinstance(action, Launch):
+            launch.delay(action.node_id)
+            counts["launch"] += 1
+        elif isinstance(action, Drain):
+            drain.delay(action.node_id, action.deadline.isoformat(), str(action.reason))
+            counts["drain"] += 1
+        elif isinstance(action, Terminate):
+            terminate.delay(action.node_id, str(action.reason), action.instance_id, action.provider)
+            counts["terminate"] += 1
+    return counts
+
+
+TICK_PREFIX = "burst:tick:"
+
+
+def _claim_tick(policy_name: str, now: datetime, tick_s: float, token: int) -> bool:
+    """Claim the tick period that ``now`` falls in (``floor(epoch / tick_s)``) for planning.
+
+    At most one tick task plans per policy per period, however many beats send ticks: the first
+    to claim it plans, the others return. The key outlives the period, so a late delivery of the
+    same period cannot plan it again; losing the key (a Redis restart) at worst lets one period
+    be planned twice, which the fence and the store's idempotent writes make harmless.
+    """
+    period = int(now.timestamp() // tick_s)
+    key = f"{TICK_PREFIX}{policy_name}:{period}"
+    return bool(redis_client().set(key, token, nx=True, px=max(1000, int(tick_s * 3000))))
+
+
+@shared_task(name="burst.loop.tick", ignore_result=False)
+def tick(policy_name: str, replan: bool = False) -> dict:
+    """Plan ``policy_name`` once for this tick period; ``replan``: plan again within the period
+    (sent after a capacity error, so the next offering is chosen without waiting a tick)."""
+    rt = runtime()
+    policy = rt.policies.get(policy_name)
+    if policy is None:
+        raise ValueError(f"policy_name: no policy named {policy_name!r} (running: {', '.join(rt.policies)})")
+    scope = f"policy:{policy_name}"
+    # floor: if Redis lost its counter (a restart without persistence), tokens restart above the
+    # highest one the store has seen, instead of being refused forever.
+    with lead(redis_client(), scope, lease_seconds(), floor=rt.store.fence_token(scope) or 0) as token:
+        if token is None:
+            return {"policy": policy_name, "leader": False}
+        now = rt.clock.now()
+        if not _claim_tick(policy_name, now, rt.settings.tick_s, token) and not replan:
+            # Another delivery of this period's tick planned already (two beats for HA each send
+            # every tick; the lease alone lets the later one plan again once the first released).
+            return {"policy": policy_name, "leader": False, "reason": "tick already planned"}
+        executor, _ = _fenced(scope, token)
+        # On-prem dispatch writes jobs: through the fenced store too, so a deposed leader's is refused.
+        BuiltinQueue(executor.store, [policy]).dispatch_onprem(now)
+        snapshot = rt.observer.snapshot(now)
+        result = make_plan(snapshot, [policy], now)
+        for decision in result.decisions:
+            executor.store.add_decision(decision)
+        for name, memory in result.memory.items():
+            executor.store.save_memory(name, memory)
+        to_dispatch = []
+        for action in result.actions:
+            if isinstance(action, Launch):
+                if executor.record_launch(action) is None:
+                    continue  # a duplicate of a launch recorded before
+            to_dispatch.append(action)
+        counts = _dispatch(to_dispatch)
+        return {"policy": policy_name, "leader": True, "fence": token,
+                "decisions": [d.id for d in result.decisions], **counts}
+
+
+@shared_task(name="burst.reconcile.run", ignore_result=False)
+def reconcile() -> dict:
+    rt = runtime()
+    with lead(redis_client(), "reconcile", lease_seconds(),
+              floor=rt.store.fence_token("reconcile") or 0) as token:
+        if token is None:
+            return {"leader": False}
+        _, reconciler = _fenced("reconcile", token)
+        now = rt.clock.now()
+        observed = {}
+        clusters = sorted({p.cluster for p in rt.policies.values()})
+        for name, provider in rt.providers.items():
+            try:
+                observed[name] = [i for c in clusters for i in provider.list_owned(c)]
+            except ProviderError as exc:
+                log.warning("provider %s: cannot list instances: %s", name, exc)
+        events = reconciler.sync(observed, now)
+        corrective = reconciler.step(now)
+        return {"leader": True, "events": len(events), **_dispatch(corrective)}
+
+
+@shared_task(name="burst.provider.launch", bind=True, acks_late=True, ignore_result=False,
+             autoretry_for=(TransientError,), dont_autoretry_for=(AuthError, InvalidRequest),
+             retry_backoff=2, retry_backoff_max=60, retry_jitter=True, max_retries=6)
+def launch(self, node_id: str) -> dict:
+    rt = runtime()
+    node = rt.store.get_node(node_id)
+    if node is None:
+        return {"node": node_id, "status": "unknown-node"}
+    report = rt.executor.launch_recorded(node_id, raise_transient=True)
+    if report.capacity_errors:
+        # The offering is in the negative-capacity cache now: let the planner choose again.
+        tick.delay(node.policy, replan=True)
+        return {"node": node_id, "status": "capacity", "offering": report.capacity_errors[0]}
+    status = "launched" if report.launched else ("failed" if report.errors else "already-done")
+    return {"node": node_id, "status": status}
+
+
+@shared_task(name="burst.node.drain", acks_late=True, ignore_result=False)
+def drain(node_id: str, deadline: str, reason: str = "idle") -> dict:
+    from orchestrator.domain.plan import ActionReason
+
+    report = runtime().executor.run([Drain(node_id, ActionReason(reason), datetime.fromisoformat(deadline))])
+    return {"node": node_id, "drained": bool(report.drained)}
+
+
+@shared_task(name="burst.node.terminate", acks_late=True, ignore_result=False)
+def terminate(node_id: str | None, reason: str, instance_id: str | None = None,
+              provider: str | None = None) -> dict:
+    from orchestrator.domain.plan import ActionReason
+
+    report = runtime().executor.run([Terminate(node_id, ActionReason(reason), instance_id=instance_id,
+                                               provider=provider)])
+    return {"node": node_id, "instance": instance_id, "terminated": report.terminated}
+
+
+@shared_task(name="burst.catalog.refresh", ignore_result=False)
+def refresh_catalog() -> dict:
+    from orchestrator.wiring import ProviderUnavailable, refresh_catalog as refresh
+
+    rt = runtime()
+    try:
+        count, path = refresh(rt.settings, list(rt.policies.values()))
+    except ProviderUnavailable as exc:
+        return {"refreshed": 0, "note": str(exc)}
+    return {"refreshed": count, "path": str(path)}
