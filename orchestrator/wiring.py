@@ -245,18 +245,9 @@ def build_runtime(
 CATALOG_OVERRIDES = "catalog-overrides.json"
 
 
-@dataclass(frozen=True)
-class CheckRow:
-    """One line of `burst provider check`."""
-
-    check: str
-    ok: bool
-    detail: str
-
-
-def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tuple[list[CheckRow], list]:
+def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tuple[list, list]:
     """Verify credentials and permissions of a provider (dry run) and list the offerings it would use."""
-    from orchestrator.domain.ports import ProviderError
+    from orchestrator.domain.ports import CheckRow, ProviderError
     from orchestrator.planner.offerings import resolve_candidates
 
     rows: list[CheckRow] = []

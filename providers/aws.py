@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import boto3
 import botocore.exceptions as bce
@@ -55,6 +55,7 @@ from orchestrator.domain.offerings import Offering, offering_key
 from orchestrator.domain.ports import (
     AuthError,
     CapacityError,
+    CheckRow,
     Instance,
     InstanceState,
     InvalidRequest,
@@ -170,13 +171,6 @@ _CLIENT_TOKEN_MAX = 64  # EC2's limit on ClientToken
 _FILTER_VALUES_MAX = 100  # ids per instance-id filter, well inside EC2's per-filter limit
 _TERMINATE_BATCH = 1000  # EC2's limit on ids per TerminateInstances
 
-
-class CheckRow(NamedTuple):
-    """One line of ``burst provider check``: what was checked, whether it passed, and why."""
-
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import google.auth
 import google.auth.exceptions as auth_exceptions
@@ -111,6 +111,7 @@ from orchestrator.domain.offerings import Offering, offering_key
 from orchestrator.domain.ports import (
     AuthError,
     CapacityError,
+    CheckRow,
     Instance,
     InstanceState,
     InvalidRequest,
@@ -255,13 +256,6 @@ _IMAGE_RE = re.compile(
     r"(?:family/(?P<family>[^/]+)|(?P<name>[^/]+))$"
 )
 
-
-class CheckRow(NamedTuple):
-    """One line of ``burst provider check``."""
-
-    check: str
-    ok: bool
-    detail: str
 
 
 # -- naming ----------------------------------------------------------------------------------------

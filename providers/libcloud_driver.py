@@ -82,7 +82,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from libcloud import pricing as libcloud_pricing
 from libcloud.common.exceptions import BaseHTTPError, RateLimitReachedError
@@ -98,6 +98,7 @@ from orchestrator.domain.offerings import Market, Offering, offering_key
 from orchestrator.domain.ports import (
     AuthError,
     CapacityError,
+    CheckRow,
     Instance,
     InstanceState,
     InvalidRequest,
@@ -173,13 +174,6 @@ class ServerFault(Exception):
         self.message = message
         self.code = code
 
-
-class CheckRow(NamedTuple):
-    """One line of :meth:`LibcloudProvider.check`."""
-
-    check: str
-    ok: bool
-    detail: str
 
 
 def resolve_env_ref(value: Any) -> Any:

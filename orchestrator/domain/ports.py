@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from orchestrator.domain.nodes import Node, OwnershipTags
 from orchestrator.domain.offerings import Offering
@@ -55,6 +55,14 @@ class Instance:
     @property
     def ownership(self) -> OwnershipTags | None:
         return OwnershipTags.from_dict(self.tags)
+
+
+class CheckRow(NamedTuple):
+    """One line of ``burst provider check``: what was checked, whether it passed, and why."""
+
+    check: str
+    ok: bool
+    detail: str
 
 
 class ProviderError(Exception):

@@ -448,7 +448,7 @@ def test_check_dry_runs_every_offering(make, peer):
     provider = make()
     rows = provider.check()
     assert rows and all(row.ok for row in rows), rows
-    names = [row.name for row in rows]
+    names = [row.check for row in rows]
     assert f"run-instances {G5.key}" in names and f"run-instances {P4D_SPOT.key}" in names
     assert make().list_owned("burst-provider-check") == []  # a dry run creates nothing
     assert peer.calls("RunInstances") == 2
@@ -457,7 +457,7 @@ def test_check_dry_runs_every_offering(make, peer):
 def test_check_reports_missing_permissions(make, peer):
     peer.inject("RunInstances", 403, "UnauthorizedOperation",
                 "You are not authorized to perform this operation.", times=10)
-    rows = {row.name: row for row in make().check()}
+    rows = {row.check: row for row in make().check()}
     denied = rows[f"run-instances {G5.key}"]
     assert not denied.ok and denied.detail.startswith("AuthError: ") and "UnauthorizedOperation" in denied.detail
     assert rows[f"describe-instances {TEST_REGION}"].ok
@@ -470,7 +470,7 @@ def test_check_without_dry_run_only_reads(make, peer):
 
 
 def test_check_reports_a_missing_ami(make):
-    rows = {row.name: row for row in make(ami="ami-12345678").check()}
+    rows = {row.check: row for row in make(ami="ami-12345678").check()}
     ami_row = rows[f"ami ami-12345678 {TEST_REGION}"]
     assert not ami_row.ok and ami_row.detail.startswith("InvalidRequest")
 
