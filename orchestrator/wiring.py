@@ -263,14 +263,12 @@ def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tup
         kwargs = {}
         if "offerings" in inspect.signature(check).parameters:
             # Dry-run only what the policies would launch, not the whole catalogue.
-            from orchestrator.planner.offerings import resolve_candidates as _resolve
-
             try:
                 catalogue = tuple(provider.offerings())
             except ProviderError:
                 catalogue = ()
             kwargs["offerings"] = [c.offering for p in policies
-                                   for c in _resolve(p, catalogue, (), SystemClock().now())[0]
+                                   for c in resolve_candidates(p, catalogue, (), SystemClock().now())[0]
                                    if c.offering.provider == name]
         try:
             for row in check(**kwargs):
