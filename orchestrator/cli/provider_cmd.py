@@ -22,8 +22,12 @@ def check_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Verify credentials and permissions with a dry run, and list the offerings burst would use."""
+    from orchestrator.policy import ProviderName
     from orchestrator.wiring import check_provider
 
+    known = [p.value for p in ProviderName]
+    if name not in known:
+        fail(f"unknown provider {name!r}; known providers: {', '.join(known)}")
     policies = load_policies(policy)
     rows, usable = check_provider(name, load_settings(), policies)
     ok = all(r.ok for r in rows)

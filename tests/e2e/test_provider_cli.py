@@ -79,3 +79,10 @@ def test_provider_check_for_a_policy_without_settings_says_what_is_missing(tmp_p
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert not report["ok"] and "providers.gcp" in report["checks"][0]["detail"]
+
+
+def test_provider_check_of_an_unknown_provider_names_the_known_ones(tmp_path):
+    result = run_burst("provider", "check", "azure", env={"BURST_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert "unknown provider 'azure'" in result.stderr and "aws" in result.stderr
+    assert "Traceback" not in result.stderr
