@@ -108,6 +108,9 @@ class NodeRow(Base):
     # Reserved for leader fencing: a writer will stamp its lease epoch so a deposed leader's
     # late writes can be refused.
     fence: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    # Budget committed when the node was launched (minimum billing plus the expected runtime of
+    # the work it was launched for, USD): what budgets count until the ledger has accrued it.
+    budget_commit_usd: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
 
 
 class NodeEventRow(Base):
@@ -222,6 +225,83 @@ class PoolControlRow(Base):
     updated_at: Mapped[datetime]
 
 
+class CostLineRow(Base):
+    """One line of the cost ledger: what one node (or on-prem work) cost in one hour bucket, and
+    for whom. ``cost_micros`` is integer micro-dollars so sums over any grouping are exact;
+    ``kind`` is usage (a job's GPU-second share), idle (unused GPU-seconds of the node), minimum
+    (what the billing rule adds: minimum and rounding) or onprem (amortised on-prem cost of work).
+    Lines of a bucket still open are provisional (``final`` false) and rewritten by the next
+    roll-up; ``line_key`` makes each line unique so a roll-up that runs twice writes it once."""
+
+    __tablename__ = "cost_lines"
+    __table_args__ = (
+        sa.Index("ix_cost_lines_day_project", "day", "project"),
+        sa.Index("ix_cost_lines_period_start", "period_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    line_key: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), index=True)
+    period_start: Mapped[datetime]
+    period_end: Mapped[datetime]
+    day: Mapped[str] = mapped_column(sa.String(10))  # UTC date of period_start, YYYY-MM-DD
+    kind: Mapped[str] = mapped_column(sa.String(16))
+    project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    job_id: Mapped[str | None] = mapped_column(sa.String(STR_ID))
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    provider: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    region: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    instance_type: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    market: Mapped[str] = mapped_column(sa.String(16))
+    price_usd_hour: Mapped[float] = mapped_column(sa.Float)
+    instance_seconds: Mapped[float] = mapped_column(sa.Float)
+    gpu_seconds: Mapped[float] = mapped_column(sa.Float)
+    cost_micros: Mapped[int] = mapped_column(sa.BigInteger)
+    onprem_equiv_micros: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    final: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    rolled_at: Mapped[datetime]
+
+
+class LedgerMarkRow(Base):
+    """How far the ledger is final for one node (or ``onprem:<pool>``): buckets before
+    ``final_through`` are never recomputed."""
+
+    __tablename__ = "ledger_marks"
+
+    subject: Mapped[str] = mapped_column(sa.String(STR_KEY), primary_key=True)
+    final_through: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class ApiTokenRow(Base):
+    """A bearer token of the HTTP API, stored only as a hash, scoped to a role and projects."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
+    role: Mapped[str] = mapped_column(sa.String(32))
+    projects: Mapped[dict[str, Any]]  # {"projects": [...]}: the projects a scoped role may see
+    description: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class TickStatRow(Base):
+    """Tick timing per policy, for the metrics endpoint (written by whoever runs the tick)."""
+
+    __tablename__ = "tick_stats"
+
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    last_at: Mapped[datetime]
+    last_duration_s: Mapped[float] = mapped_column(sa.Float)
+    ticks: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    total_duration_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+
+
 # Core handles for the repository, which issues compare-and-set statements rather than using the
 # unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
 nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
@@ -233,3 +313,7 @@ jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
 fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
 pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]
+cost_lines: sa.Table = CostLineRow.__table__  # type: ignore[assignment]
+ledger_marks: sa.Table = LedgerMarkRow.__table__  # type: ignore[assignment]
+api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
+tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
