@@ -3,20 +3,26 @@
 Everything in the Snapshot is a copy taken now; the planner never sees a live object. Node usage
 (GPUs busy, idle since when, heartbeat) comes from the queue/fabric's view and is folded into the
 node copies here, so the planner reads one consistent value per node. Operator pool controls
-(paused pools, pre-warm floors still in force) come from the store's ``pool_controls``.
+(paused pools, pre-warm floors still in force) come from the store's ``pool_controls``. Spend per
+budget of the policies (``Snapshot.budget_spend``) comes from the cost ledger
+(:mod:`orchestrator.costs.spend`), for each budget's window at ``now``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
+
+from orchestrator.costs.spend import burn_rate_usd_hour, spend
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
-from orchestrator.domain.snapshot import PrewarmRequest, Snapshot
+from orchestrator.domain.snapshot import BudgetSpend, PrewarmRequest, Snapshot
+from orchestrator.planner.budgets import budget_key, window_bounds
+from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
 
@@ -27,11 +33,12 @@ class Observer:
     """Builds snapshots; caches provider catalogues (they change rarely and may be slow)."""
 
     def __init__(self, store: Store, queue: QueueSource, providers: Mapping[str, Provider],
-                 overrides: tuple[Offering, ...] = ()):
+                 overrides: tuple[Offering, ...] = (), policies: Iterable[Policy] = ()):
         self.store = store
         self.queue = queue
         self.providers = providers
         self.overrides = overrides  # refreshed prices (`burst catalog refresh`) win over bundled ones
+        self.policies = tuple(policies)  # whose budgets' spend each snapshot carries
         self._catalogue: tuple[Offering, ...] | None = None
 
     def catalogue(self) -> tuple[Offering, ...]:
@@ -49,8 +56,10 @@ class Observer:
             self._catalogue = tuple(by_key.values())
         return self._catalogue
 
-    def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset()) -> Snapshot:
-        """The world at ``now``. ``paused_pools`` adds to the pools paused in the store."""
+    def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset(),
+                 policies: Iterable[Policy] | None = None) -> Snapshot:
+        """The world at ``now``. ``paused_pools`` adds to the pools paused in the store;
+        ``policies`` (default: those the observer was built with) name the budgets to observe."""
         controls = self.store.pool_controls()
         paused = frozenset(paused_pools) | {pool for pool, c in controls.items() if c.paused}
         prewarm: dict[str, PrewarmRequest] = {}
@@ -85,4 +94,23 @@ class Observer:
             memory=self.store.load_memory(),
             paused_pools=paused,
             prewarm=prewarm,
+            budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
         )
+
+    def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:
+        """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger.
+
+        A failure to read the ledger is not hidden: a budget without observed spend would let
+        the planner launch as if nothing had been spent.
+        """
+        out: dict[str, BudgetSpend] = {}
+        for policy in policies:
+            pool = policy.pool.name
+            for budget in policy.budgets:
+                start, end = window_bounds(budget, now)
+                spent = spend(self.store, since=start, until=end, now=now, pool=pool,
+                              project=budget.project)
+                burn = burn_rate_usd_hour(self.store, pool=pool, project=budget.project)
+                out[budget_key(policy.name, budget.name)] = BudgetSpend(
+                    spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)
+        return out

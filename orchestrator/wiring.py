@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None,
                                      description="SQLAlchemy URL of the state store; default SQLite in state_dir.")
     tick_s: float = Field(default=10.0, gt=0, description="Seconds between control-loop ticks.")
+    cost_rollup_s: float = Field(
+        default=300.0, gt=0,
+        description="Seconds between cost-ledger roll-ups of beat's burst.cost.rollup (ticks also roll up).")
     api_host: str = Field(default="127.0.0.1", description="Address the controller API binds.")
     api_port: int = Field(default=8787, ge=0, le=65535, description="Port of the controller API (0: any free).")
     controller_url: str | None = Field(default=None,
@@ -132,14 +135,28 @@ class ProviderUnavailable(Exception):
     """A policy names a provider that cannot be built here."""
 
 
-def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = ()) -> Provider:
+def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = (), *,
+                   options: dict[str, Any] | None = None) -> Provider:
     """Build the provider adapter named in the policies, from their ``providers.<name>`` settings.
 
     Policies that use the same cloud must agree on its settings: one adapter serves them all.
+    ``sim`` (the simulator's virtual cloud) sells every offering the policies name, whatever their
+    provider, at its catalogue price (see :func:`sim_catalogue`); ``options`` are its knobs:
+    ``clock``, ``seed``, and ``boot`` / ``rates`` as dicts of ``BootTime`` / ``SimRates`` fields.
     """
     from providers import load_provider_class
 
     policies = list(policies)
+    if name == ProviderName.SIM:
+        from providers.sim import BootTime, SimRates
+
+        cls = load_provider_class("sim")
+        knobs = dict(options or {})
+        if isinstance(knobs.get("boot"), dict):
+            knobs["boot"] = BootTime(**knobs["boot"])
+        if isinstance(knobs.get("rates"), dict):
+            knobs["rates"] = SimRates(**knobs["rates"])
+        return cls(sim_catalogue(policies), **knobs)
     if name == ProviderName.LOCAL:
         cls = load_provider_class("local")
         return cls(settings.state_dir / "local-provider", boot_delay_s=settings.local_boot_delay_s)
@@ -171,6 +188,41 @@ def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = (
     raise ProviderUnavailable(f"provider {name!r} has no adapter in this build")
 
 
+def sim_catalogue(policies: Iterable[Policy]) -> list:
+    """The sim provider's catalogue: the rows each policy offering resolves against in
+    production (the bundled AWS/GCP catalogue of its region, the local provider's offerings, the
+    policy's libcloud sizes), relabelled as sold by ``sim``. Only the bundled prices are used (no
+    refreshed overrides), so a simulation is reproducible."""
+    from providers import catalog
+    from providers.local import default_offerings
+    from providers.sim import as_sim
+
+    rows: dict[str, Any] = {}
+    for policy in policies:
+        for spec in policy.offerings:
+            source = str(spec.provider)
+            if source in catalog.KNOWN_PROVIDERS:
+                found = [o for o in catalog.offerings_for(source, {spec.region})
+                         if o.instance_type == spec.instance_type]
+            elif source == ProviderName.LOCAL:
+                found = [o for o in default_offerings()
+                         if o.instance_type == spec.instance_type and o.region == spec.region]
+            elif source == ProviderName.LIBCLOUD and policy.providers.libcloud is not None:
+                from orchestrator.domain.offerings import Offering
+                from orchestrator.policy.models import Market
+
+                size = policy.providers.libcloud.sizes.get(spec.instance_type)
+                found = [] if size is None else [Offering(
+                    "libcloud", spec.region, spec.zone, spec.instance_type, Market.ON_DEMAND,
+                    size.gpus, float(size.price_usd_hour), size.gpu_model)]
+            else:
+                found = []  # a sim offering: the policy gives its GPUs and price
+            for offering in found:
+                relabelled = as_sim(offering)
+                rows.setdefault(relabelled.key, relabelled)
+    return sorted(rows.values(), key=lambda o: o.key)
+
+
 def _catalogue_overrides(settings: Settings) -> tuple:
     path = settings.state_dir / CATALOG_OVERRIDES
     if not path.exists():
@@ -189,7 +241,7 @@ class Runtime:
     policies: dict[str, Policy]
     providers: dict[str, Provider]
     queue: BuiltinQueue
-    fabric: BuiltinFabric
+    fabric: Any  # a Fabric port: the FabricRouter over the builtin, Slurm and torch fabrics
     tokens: JoinTokens
     clock: Any
     executor: Executor
@@ -214,10 +266,10 @@ def build_runtime(
     """Wire a runtime for the given policies (the embedded defaults unless settings say otherwise)."""
     policy_map = {p.name: p for p in policies}
     for policy in policy_map.values():
-        if policy.queue.source is not QueueSourceKind.BUILTIN:
+        if policy.queue.source not in (QueueSourceKind.BUILTIN, QueueSourceKind.SLURM):
             raise ProviderUnavailable(
                 f"policy {policy.name}: queue source {policy.queue.source} is not available in this "
-                "build yet; use queue: {source: builtin}")
+                "build; use queue: {source: builtin} or {source: slurm}")
     store = Store(settings.store_url)
     if upgrade:
         store.upgrade()
@@ -230,14 +282,47 @@ def build_runtime(
                         str(spec.provider), settings, policy_map.values())
     clock = clock or SystemClock()
     queue = BuiltinQueue(store, list(policy_map.values()))
-    fabric = BuiltinFabric(queue)
+    fabric = _fabric(store, policy_map, clock, BuiltinFabric(queue))
     tokens = JoinTokens(settings.secret())
     executor = Executor(store, providers, fabric, clock, tokens, policy_map,
                         ExecutorConfig(controller_url=controller_url or settings.agent_url()))
     reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
-    observer = Observer(store, queue, providers, _catalogue_overrides(settings))
+    observer = Observer(store, _queue_source(store, policy_map, queue), providers,
+                        _catalogue_overrides(settings), policies=policy_map.values())
     return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
                    executor, reconciler, observer)
+
+
+def _queue_source(store: Store, policies: dict[str, Policy], builtin: BuiltinQueue) -> Any:
+    """The built-in queue, plus Slurm for the pools whose queue.source is slurm."""
+    slurm = [p for p in policies.values() if p.queue.source is QueueSourceKind.SLURM]
+    if not slurm:
+        return builtin
+    from orchestrator.sources.composite import QueueSources
+    from orchestrator.sources.slurm import SlurmQueue
+
+    return QueueSources(builtin, SlurmQueue(store, slurm))
+
+
+def _fabric(store: Store, policies: dict[str, Policy], clock: Any, builtin: BuiltinFabric) -> Any:
+    """The fabric of each policy (fabric.kind) behind one router; builtin for the rest."""
+    from orchestrator.fabric.router import FabricRouter
+    from orchestrator.policy.fabric import FabricKind
+
+    by_policy: dict[str, Any] = {}
+    slurm = {n: p for n, p in policies.items() if p.fabric_kind is FabricKind.SLURM}
+    if slurm:
+        from orchestrator.fabric.slurm import SlurmFabric
+
+        fabric = SlurmFabric(store, slurm, clock)
+        by_policy.update(dict.fromkeys(slurm, fabric))
+    torch = {n: p for n, p in policies.items() if p.fabric_kind is FabricKind.TORCH_ELASTIC}
+    if torch:
+        from orchestrator.fabric.torch_elastic import TorchElasticFabric
+
+        fabric = TorchElasticFabric(store, torch, clock)
+        by_policy.update(dict.fromkeys(torch, fabric))
+    return FabricRouter(builtin, by_policy)
 
 
 # -- operator commands that need concrete providers (used by the CLI) ------------------------------

@@ -15,7 +15,7 @@ PROVIDERS: dict[str, str] = {
     "aws": "providers.aws:AwsProvider",
     "libcloud": "providers.libcloud_driver:LibcloudProvider",
     "gcp": "providers.gcp:GcpProvider",
-    # "sim" is registered here as its module lands.
+    "sim": "providers.sim:SimProvider",  # the simulator's virtual cloud (`burst simulate`)
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from orchestrator.domain import (
+    BudgetSpend,
     CapacityBlock,
     Job,
     Node,
@@ -154,6 +155,7 @@ def make_node(
     drain_deadline: datetime | None = None,
     released: bool = False,
     version: int = 0,
+    budget_commit_usd: float = 0.0,
 ) -> Node:
     offering = offering or make_offering()
     since = state_since if state_since is not None else T0 - timedelta(hours=1)
@@ -167,7 +169,7 @@ def make_node(
         request_id=request_id or f"r-{id}", instance_id=instance_id, project=project,
         gpus_busy=gpus_busy, running_jobs=running_jobs, idle_since=idle_since,
         last_heartbeat=last_heartbeat, drain_deadline=drain_deadline, released=released,
-        version=version,
+        version=version, budget_commit_usd=budget_commit_usd,
     )
 
 
@@ -184,6 +186,7 @@ def make_snapshot(
     capacity_blocks: Iterable[CapacityBlock] = (),
     paused_pools: Iterable[str] = (),
     queue: bool = True,
+    budget_spend: Mapping[str, BudgetSpend] | None = None,
 ) -> Snapshot:
     """A snapshot of one pool. ``onprem_free`` lists free GPUs per on-prem node (total defaults
     to their sum); ``offerings`` is the provider catalogue (default: empty, the policy's own
@@ -202,6 +205,7 @@ def make_snapshot(
         capacity_blocks=tuple(capacity_blocks),
         memory=dict(memory or {}),
         paused_pools=frozenset(paused_pools),
+        budget_spend=dict(budget_spend or {}),
     )
 
 

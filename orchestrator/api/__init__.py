@@ -1,21 +1,31 @@
-"""The controller's HTTP API (FastAPI): agent registration and heartbeats, health."""
+"""The controller's HTTP API (FastAPI).
+
+* agents (``/v1/agent/*``): registration and heartbeats, authenticated by per-node credentials;
+* ``/v1`` read and submit routes (nodes, decisions, queue, jobs, costs, budgets), authenticated by
+  bearer tokens scoped to a role and projects (:mod:`orchestrator.api.auth`);
+* ``/healthz``, ``/readyz`` and ``/metrics``;
+* ``/openapi.json``. Every error is an RFC 9457 problem document (:mod:`orchestrator.api.problems`).
+
+The routes are documented, with curl examples, in docs/api.md.
+"""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
-from orchestrator.api import agents, problems
+from orchestrator.api import agents, health, problems, reports, v1
 from orchestrator.wiring import Runtime
 
 
 def create_app(runtime: Runtime) -> FastAPI:
     """The API application over a wired runtime."""
-    app = FastAPI(title="burst controller", version="0.1.0")
+    app = FastAPI(title="burst controller", version="0.1.0",
+                  description="burst's controller API: node agents, cost reports, budgets, "
+                              "nodes, decisions and the built-in queue. See docs/api.md.")
+    app.state.runtime = runtime
     problems.install(app)
     app.include_router(agents.router(runtime))
-
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict:
-        return {"status": "ok"}
-
+    app.include_router(v1.router(runtime))
+    app.include_router(reports.router(runtime))
+    app.include_router(health.router(runtime))
     return app

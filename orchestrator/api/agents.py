@@ -8,6 +8,7 @@ agent within one heartbeat. The HTTP contract is written down in :mod:`orchestra
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from datetime import datetime
 
@@ -16,11 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.api.problems import Problem
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.plan import ActionReason, Drain
+from orchestrator.fabric.slurm import FabricJoinError
 from orchestrator.fabric.tokens import new_credential, token_hash
+from orchestrator.sources.slurm_cli import SlurmError
 from orchestrator.lifecycle import transition
 from orchestrator.wiring import Runtime
 
 _CAS_RETRIES = 8
+log = logging.getLogger(__name__)
 
 
 class RegisterIn(BaseModel):
@@ -31,6 +36,8 @@ class RegisterIn(BaseModel):
     gpu_model: str | None = None
     hostname: str | None = None
     pid: int | None = None
+    gpu_inventory: list[dict] | None = None
+    gpu_source: str | None = Field(default=None, max_length=32)
 
 
 class HeartbeatIn(BaseModel):
@@ -38,6 +45,10 @@ class HeartbeatIn(BaseModel):
     node_id: str
     status: str = Field(pattern="^(idle|busy|released)$")
     job_id: str | None = None
+    fabric_state: str | None = Field(default=None, pattern="^(joining|joined|draining|released|failed)$")
+    fabric_error: str | None = Field(default=None, max_length=2000)
+    notice: dict | None = None  # {source, action, deadline}: a spot/preemption notice
+    drain_report: dict | None = None
 
 
 class NextIn(BaseModel):
@@ -53,7 +64,8 @@ class FinishIn(BaseModel):
     exit_code: int | None = None
 
 
-def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str, **changes) -> Node | None:
+def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
+             details: dict | None = None, **changes) -> Node | None:
     """Move a node to ``to`` with field changes, retrying compare-and-set conflicts."""
     for _ in range(_CAS_RETRIES):
         node = runtime.store.get_node(node_id)
@@ -62,7 +74,8 @@ def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str, **chang
         if node.state is to:
             return node
         changed = replace(node, **changes) if changes else node
-        new, event = transition(changed, to, at=runtime.clock.now(), reason=reason)
+        new, event = transition(changed, to, at=runtime.clock.now(), reason=reason,
+                                **(details or {}))
         if runtime.store.save_transition(node, new, event):
             return new
     return None
@@ -91,6 +104,36 @@ def _authorised(runtime: Runtime, node_id: str, authorization: str | None) -> No
     return node
 
 
+def _fabric_events(runtime: Runtime, node: Node, body: HeartbeatIn, now: datetime) -> Node | None:
+    """What a heartbeat says about the node's fabric: joined, failed, or a spot notice."""
+    confirm = getattr(runtime.fabric, "confirm_joined", None)
+    if body.fabric_state == "joined" and node.state is NodeState.JOINING:
+        if confirm is None or confirm(node):
+            kind = getattr(runtime.fabric.for_node(node), "name", "fabric") if hasattr(
+                runtime.fabric, "for_node") else "fabric"
+            return _advance(runtime, node.id, NodeState.READY, f"joined the {kind} fabric",
+                            last_heartbeat=now, idle_since=now)
+    elif body.fabric_state == "failed" and node.state in (
+            NodeState.JOINING, NodeState.READY, NodeState.DRAINING):
+        return _advance(runtime, node.id, NodeState.FAILED,
+                        f"fabric member failed: {body.fabric_error or 'no detail'}")
+    if body.notice and node.state is NodeState.READY:
+        deadline = _parse_time(body.notice.get("deadline")) or now
+        log.warning("node %s: %s notice (%s), draining by %s", node.id,
+                    body.notice.get("source"), body.notice.get("action"), deadline.isoformat())
+        runtime.executor.run([Drain(node.id, ActionReason.SPOT_NOTICE, deadline)])
+        return runtime.store.get_node(node.id)
+    return None
+
+
+def _parse_time(value: object) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except (TypeError, ValueError):
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
 def router(runtime: Runtime) -> APIRouter:
     api = APIRouter(prefix="/v1/agent", tags=["agent"])
 
@@ -112,13 +155,35 @@ def router(runtime: Runtime) -> APIRouter:
             raise Problem(401, "join refused", f"join token refused: {result}")
         credential, credential_hash = new_credential()
         runtime.store.set_credential(body.node_id, credential_hash)
-        if _advance(runtime, body.node_id, NodeState.JOINING, "agent registered") is None:
+        inventory = {"gpus": body.gpus, "gpu_model": body.gpu_model, "gpu_source": body.gpu_source}
+        joining = _advance(runtime, body.node_id, NodeState.JOINING, "agent registered",
+                           details=inventory, last_heartbeat=now)
+        if joining is None:
             raise Problem(409, "node changed state", "node is no longer joinable")
+        heartbeat_s = 1.0 if runtime.settings.tick_s <= 2 else 5.0
+        policy = runtime.policies.get(joining.policy)
+        notice = None
+        if policy is not None and policy.fabric.spot_notice is not None:
+            config = policy.fabric.spot_notice
+            notice = {"kind": str(config.kind), "url": config.endpoint,
+                      "poll_s": config.poll.total_seconds(),
+                      "deadline_s": config.deadline.total_seconds()}
+        try:
+            spec = runtime.fabric.join_spec(joining, body.gpus) if hasattr(
+                runtime.fabric, "join_spec") else None
+        except (FabricJoinError, SlurmError, ValueError) as exc:
+            _advance(runtime, body.node_id, NodeState.FAILED, f"cannot join the fabric: {exc}")
+            raise Problem(503, "cannot join the fabric", str(exc)) from None
+        if spec is not None:
+            # Ready once the fabric shows the node usable (the agent reports "joined").
+            return {"credential": credential, "heartbeat_s": heartbeat_s, "fabric": spec,
+                    "notice": notice}
         ready = _advance(runtime, body.node_id, NodeState.READY, "joined the built-in fabric",
                          last_heartbeat=now, idle_since=now)
         if ready is None:
             raise Problem(409, "node changed state", "node is no longer joinable")
-        return {"credential": credential, "heartbeat_s": 1.0 if runtime.settings.tick_s <= 2 else 5.0}
+        return {"credential": credential, "heartbeat_s": heartbeat_s, "fabric": None,
+                "notice": notice}
 
     @api.post("/heartbeat")
     def heartbeat(body: HeartbeatIn, authorization: str | None = Header(default=None)) -> dict:
@@ -127,7 +192,10 @@ def router(runtime: Runtime) -> APIRouter:
         changes: dict = {"last_heartbeat": now}
         if body.status == "released" and node.state is NodeState.DRAINING:
             changes["released"] = True
+            if body.drain_report:
+                log.info("node %s drained out of its fabric: %s", node.id, body.drain_report)
         node = _touch(runtime, body.node_id, **changes) or node
+        node = _fabric_events(runtime, node, body, now) or node
         policy = runtime.policies.get(node.policy)
         leaving = node.state in (NodeState.DRAINING, NodeState.TERMINATING, NodeState.FAILED,
                                  NodeState.TERMINATED)

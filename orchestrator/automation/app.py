@@ -1,8 +1,9 @@
 """The Celery application of the distributed control plane, configured from settings.
 
 Beat sends ``burst.loop.tick`` for every policy each ``tick_s`` and ``burst.reconcile.run`` /
-``burst.catalog.refresh`` on their own periods; workers carry them out. Two queues keep provider
-calls (slow, retried) from delaying planning: ``burst.control`` and ``burst.provider``.
+``burst.catalog.refresh`` / ``burst.cost.rollup`` (each ``cost_rollup_s``) on their own periods;
+workers carry them out. Two queues keep provider calls (slow, retried) from delaying planning:
+``burst.control`` and ``burst.provider``.
 
 Delivery is at-least-once: tasks that may run twice are written to be idempotent and only those
 acknowledge late (``acks_late``), so a worker killed mid-task has its task redelivered.
@@ -33,6 +34,9 @@ def beat_schedule(settings: Settings, policy_names: list[str]) -> dict:
     schedule["reconcile"] = {"task": "burst.reconcile.run", "schedule": tick * 3,
                              "options": {"expires": settings.tick_s * 3}}
     schedule["catalog-refresh"] = {"task": "burst.catalog.refresh", "schedule": timedelta(hours=6)}
+    schedule["cost-rollup"] = {"task": "burst.cost.rollup",
+                               "schedule": timedelta(seconds=settings.cost_rollup_s),
+                               "options": {"expires": settings.cost_rollup_s}}
     return schedule
 
 

@@ -9,36 +9,39 @@ pool, is the time in the future) is checked by the operation. Every refusal is a
 :class:`InvalidArgument` whose message starts with the argument's name. Results are small dicts
 of JSON values (times as ISO 8601 text, money as decimal text).
 
-Spend is computed from the node event log and each node's recorded price: an instance costs from
-``launching`` (the provider accepted the launch) until ``terminated`` (the provider confirmed it
-gone), or until now while it lives. The billing rule (per second, one-minute minimum) rounds each
-instance's whole life once; the part it adds beyond the seconds actually lived is charged at the
-launch, so windows that partition time add up to the same total. Sums are Decimal: rows add up to
-the total exactly, and their cents (largest-remainder rounding) add up to the total's cents.
+Spend is read from the cost ledger (:mod:`orchestrator.costs`), rolled up to now first: an
+instance costs from ``launching`` (the provider accepted the launch) until ``terminated`` (the
+provider confirmed it gone), or until now while it lives, at the price captured at launch, with
+its provider's billing rule (per second, one-minute minimum by default) charged where it ends.
+Lines are hour buckets, selected by their start, so windows that partition time add up to the
+same total. Sums are integer micro-dollars: rows add up to the total exactly, and their cents
+(largest-remainder rounding) add up to the total's cents.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_DOWN, ROUND_HALF_EVEN, Decimal
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
+from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
+from orchestrator.costs.report import allocate_cents
+from orchestrator.costs.report import cents as cents_of
+from orchestrator.domain.costs import NONE as NO_NODE
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.offerings import BillingRule
 from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
 from orchestrator.planner import plan as make_plan
 from orchestrator.policy.models import Policy
+from orchestrator.store.ledger import CostSums
 from orchestrator.wiring import Runtime
 
 GROUP_KEYS = ("project", "provider", "instance_type", "pool", "day")
-NO_PROJECT = "-"  # nodes launched for no project (min_nodes, pre-warm)
 TIME_EXAMPLE = "2026-12-01T09:00:00Z"
-CENT = Decimal("0.01")
 MICRO = Decimal("0.000001")
-DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum (AWS and GCP Linux instances)
 
 
 class InvalidArgument(ValueError):
@@ -213,7 +216,9 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
         outcome = dict(tick(policy))
     else:
         now = rt.clock.now()
+        started = time.perf_counter()
         rt.queue.dispatch_onprem(now)
+        roll_up_costs(rt, now)  # before observing: budgets see current spend
         snapshot = rt.observer.snapshot(now)
         result = make_plan(snapshot, [rt.policies[policy]], now)
         report = rt.executor.execute(result)
@@ -226,6 +231,8 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
         }
         if report.errors or report.capacity_errors:
             outcome["errors"] = report.errors + [f"capacity: {k}" for k in report.capacity_errors]
+        # The Celery tick records its own timing; this in-process evaluation is a tick too.
+        rt.store.record_tick(policy, now, time.perf_counter() - started)
     decisions = outcome.pop("decisions", [])
     if not outcome.get("leader", False):
         outcome["note"] = ("another worker holds this policy's leader lease and is planning it "
@@ -320,10 +327,17 @@ def drain_pool(rt: Runtime, pool: str, reason: str = "") -> dict:
     }
 
 
+def roll_up_costs(rt: Runtime, now: datetime) -> RollupResult:
+    """Bring the cost ledger up to ``now`` with the runtime's policies and the billing rules of
+    its providers' offerings (idempotent: cheap when nothing changed)."""
+    return roll_up(rt.store, rt.policies, now, billing=billing_rules(rt.observer.catalogue()))
+
+
 def spend_report(rt: Runtime, since: datetime | None = None, until: datetime | None = None,
                  group_by: str | Iterable[str] = ("project",)) -> dict:
     """Burst spend between ``since`` (default: the beginning) and ``until`` (default: now),
-    grouped by ``group_by`` (any of :data:`GROUP_KEYS`, in that order of columns)."""
+    grouped by ``group_by`` (any of :data:`GROUP_KEYS`, in that order of columns), from the cost
+    ledger (rolled up to now first). A line counts when its hour bucket starts in the window."""
     try:
         keys = parse_group_by(group_by if isinstance(group_by, str) else list(group_by))
     except ValueError as exc:
@@ -332,112 +346,55 @@ def spend_report(rt: Runtime, since: datetime | None = None, until: datetime | N
     end = until or now
     if since is not None and since >= end:
         raise InvalidArgument(f"since: {_iso(since)} must be before until ({_iso(end)})", "since")
-    nodes = {n.id: n for n in rt.store.nodes(include_terminated=True)}
+    roll_up_costs(rt, now)
     rows: dict[tuple[str, ...], _Row] = {}
     total = _Row()
-    for node_id, (launched, ended) in sorted(rt.store.billing_spans().items()):
-        node = nodes.get(node_id)
-        if node is None:
+    # Grouped by node too, to count distinct nodes; on-prem lines (no node) are not burst spend.
+    for sums in rt.store.cost_sums([*keys, "node"], since=since, until=end):
+        *key, node = sums.keys
+        if node == NO_NODE:
             continue
-        for day, seconds in billed_seconds_by_day(launched, ended or now, since, end):
-            key = tuple(_key(node, name, day) for name in keys)
-            row = rows.setdefault(key, _Row())
-            for r in (row, total):
-                r.add(node, seconds)
+        for r in (rows.setdefault(tuple(key), _Row()), total):
+            r.add(node, sums)
     ordered = sorted(rows.items())
-    cents = _allocate_cents([r.cost for _, r in ordered], total.cost)
+    cents = allocate_cents([r.micros for _, r in ordered], total.micros)
     return {
         "since": _iso(since), "until": _iso(end), "group_by": list(keys), "currency": "USD",
         "rows": [{**dict(zip(keys, key, strict=True)), **row.as_json(c)}
                  for (key, row), c in zip(ordered, cents, strict=True)],
-        "total": total.as_json(total.cost.quantize(CENT, ROUND_HALF_EVEN)),
+        "total": total.as_json(cents_of(total.micros)),
     }
 
 
-# -- spend arithmetic -----------------------------------------------------------------------------
-
-
-def billed_seconds_by_day(launched: datetime, ended: datetime, since: datetime | None,
-                          until: datetime, rule: BillingRule = DEFAULT_BILLING
-                          ) -> list[tuple[date, Decimal]]:
-    """The billed seconds of one instance inside [since, until), per UTC day.
-
-    The seconds it lived there, split at midnight, plus (on the launch day, if the launch lies in
-    the window) what the billing rule adds to its whole life: the minimum and the rounding up.
-    """
-    lived = max(ended - launched, timedelta(0))
-    extra = Decimal(str(rule.billed_seconds(lived.total_seconds()))) - _seconds(lived)
-    start = launched if since is None else max(launched, since)
-    stop = min(ended, until)
-    out: dict[date, Decimal] = {}
-    cursor = start
-    while cursor < stop:
-        midnight = datetime.combine(cursor.date() + timedelta(days=1), datetime.min.time(), UTC)
-        piece_end = min(stop, midnight)
-        out[cursor.date()] = out.get(cursor.date(), Decimal(0)) + _seconds(piece_end - cursor)
-        cursor = piece_end
-    if extra > 0 and (since is None or since <= launched) and launched < until:
-        day = launched.astimezone(UTC).date()
-        out[day] = out.get(day, Decimal(0)) + extra
-    return sorted(out.items())
-
-
-def _seconds(delta: timedelta) -> Decimal:
-    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    return Decimal(micros) / Decimal(1_000_000)  # exact: a terminating decimal
-
-
-def _key(node: Node, name: str, day: date) -> str:
-    if name == "project":
-        return node.project or NO_PROJECT
-    if name == "day":
-        return day.isoformat()
-    return str(getattr(node, name))
-
-
 class _Row:
-    """Sums of one group: distinct nodes, instance seconds, GPU seconds, cost (Decimal USD)."""
+    """Sums of one group of the spend report: distinct nodes, hours, micro-dollars."""
 
-    __slots__ = ("cost", "gpu_seconds", "nodes", "seconds")
+    __slots__ = ("gpu_seconds", "micros", "nodes", "seconds")
 
     def __init__(self) -> None:
         self.nodes: set[str] = set()
-        self.seconds = Decimal(0)
-        self.gpu_seconds = Decimal(0)
-        self.cost = Decimal(0)
+        self.seconds = 0.0
+        self.gpu_seconds = 0.0
+        self.micros = 0
 
-    def add(self, node: Node, seconds: Decimal) -> None:
-        self.nodes.add(node.id)
-        self.seconds += seconds
-        self.gpu_seconds += seconds * node.gpus
-        # Each piece is rounded to the micro-dollar once; from there on sums are exact.
-        price = Decimal(str(node.price_usd_hour))
-        self.cost += (price * seconds / 3600).quantize(MICRO, ROUND_HALF_EVEN)
+    def add(self, node: str, sums: CostSums) -> None:
+        self.nodes.add(node)
+        self.seconds += sums.instance_seconds
+        self.gpu_seconds += sums.gpu_seconds
+        self.micros += sums.cost_micros
 
     def as_json(self, cents: Decimal) -> dict:
         return {
             "nodes": len(self.nodes),
-            "instance_hours": float((self.seconds / 3600).quantize(Decimal("0.0001"))),
-            "gpu_hours": float((self.gpu_seconds / 3600).quantize(Decimal("0.0001"))),
+            "instance_hours": round(self.seconds / 3600, 4),
+            "gpu_hours": round(self.gpu_seconds / 3600, 4),
             "cost_usd": str(cents),
-            "cost_usd_exact": str(self.cost.quantize(MICRO)),
+            "cost_usd_exact": str((Decimal(self.micros) / 1_000_000).quantize(MICRO)),
         }
-
-
-def _allocate_cents(amounts: list[Decimal], total: Decimal) -> list[Decimal]:
-    """Round each amount to cents so that they add up to ``total`` rounded to cents: floor each,
-    then give the cents left to the largest remainders (earlier rows first on ties)."""
-    target = total.quantize(CENT, ROUND_HALF_EVEN)
-    floors = [a.quantize(CENT, ROUND_DOWN) for a in amounts]
-    left = int((target - sum(floors, Decimal(0))) / CENT)
-    order = sorted(range(len(amounts)), key=lambda i: (-(amounts[i] - floors[i]), i))
-    for i in order[:max(left, 0)]:
-        floors[i] += CENT
-    return floors
 
 
 __all__ = [
     "GROUP_KEYS", "DrainArgs", "EvaluateArgs", "InvalidArgument", "PauseArgs", "PoolArgs",
-    "PrewarmArgs", "SpendArgs", "billed_seconds_by_day", "drain_pool", "evaluate", "parse",
-    "parse_group_by", "parse_time", "pause", "pools_of", "prewarm", "resume", "spend_report",
+    "PrewarmArgs", "SpendArgs", "drain_pool", "evaluate", "parse", "parse_group_by", "parse_time",
+    "pause", "pools_of", "prewarm", "resume", "roll_up_costs", "spend_report",
 ]

@@ -12,7 +12,7 @@ is wrong. A refusal is final: these tasks never retry. Results are small JSON di
   ``until`` (ISO 8601 with a timezone, in the future).
 * ``burst.pool.drain(pool, reason="")``: drain every ready node of the pool now and pause it.
 * ``burst.pool.pause(pool, reason="")`` / ``burst.pool.resume(pool)``: stop / restart launches.
-* ``burst.spend.report(since=None, until=None, group_by="project")``: spend from the node events.
+* ``burst.spend.report(since=None, until=None, group_by="project")``: spend from the cost ledger.
 
 Missing and unknown arguments are refused the same way (``gpus: is required``), rather than with
 a TypeError from the call.

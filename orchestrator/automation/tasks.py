@@ -11,23 +11,30 @@
   never retry; a capacity error blocks the offering and asks the planner to choose again.
 * ``burst.node.drain`` / ``burst.node.terminate``: one node each, idempotent.
 * ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease.
+* ``burst.cost.rollup``: brings the whole cost ledger up to now (beat, every ``cost_rollup_s``),
+  under its own lease. Each tick also rolls up its policy's nodes before observing, so budgets
+  see current spend. Two roll-ups at once are harmless: lines are upserted on unique keys.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from celery import shared_task
 
 from orchestrator.automation.leader import lead
 from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
+from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
 from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
 from orchestrator.planner import plan as make_plan
 from orchestrator.reconciler import Reconciler
 from orchestrator.sources.builtin import BuiltinQueue
+from orchestrator.store import Store
+from orchestrator.store.fencing import StaleLeaderError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,7 @@ def tick(policy_name: str, replan: bool = False) -> dict:
     policy = rt.policies.get(policy_name)
     if policy is None:
         raise ValueError(f"policy_name: no policy named {policy_name!r} (running: {', '.join(rt.policies)})")
+    started = time.perf_counter()
     scope = f"policy:{policy_name}"
     # floor: if Redis lost its counter (a restart without persistence), tokens restart above the
     # highest one the store has seen, instead of being refused forever.
@@ -96,6 +104,7 @@ def tick(policy_name: str, replan: bool = False) -> dict:
         executor, _ = _fenced(scope, token)
         # On-prem dispatch writes jobs: through the fenced store too, so a deposed leader's is refused.
         BuiltinQueue(executor.store, [policy]).dispatch_onprem(now)
+        _roll_up_costs(executor.store, now, only_policies={policy_name})  # budgets see it now
         snapshot = rt.observer.snapshot(now)
         result = make_plan(snapshot, [policy], now)
         for decision in result.decisions:
@@ -109,8 +118,54 @@ def tick(policy_name: str, replan: bool = False) -> dict:
                     continue  # a duplicate of a launch recorded before
             to_dispatch.append(action)
         counts = _dispatch(to_dispatch)
+        _record_tick(rt, policy_name, now, time.perf_counter() - started)
         return {"policy": policy_name, "leader": True, "fence": token,
                 "decisions": [d.id for d in result.decisions], **counts}
+
+
+def _record_tick(rt, policy_name: str, at: datetime, duration_s: float) -> None:
+    """Store a planned tick's duration for the metrics endpoint (not fenced: timing is no state
+    a deposed leader could corrupt)."""
+    try:
+        rt.store.record_tick(policy_name, at, duration_s)
+    except Exception:  # noqa: BLE001 - timing is for metrics; it must not fail the tick
+        log.warning("could not record the tick's duration", exc_info=True)
+
+
+def _roll_up_costs(store: Store, now: datetime, only_policies: set[str] | None = None
+                   ) -> RollupResult | None:
+    """Bring the cost ledger up to ``now``. In a tick a failure is logged, not fatal: planning
+    must go on, and budgets add what the ledger has not reached yet (``costs.spend``)."""
+    rt = runtime()
+    try:
+        return roll_up(store, rt.policies, now, billing=billing_rules(rt.observer.catalogue()),
+                       only_policies=only_policies)
+    except StaleLeaderError:
+        raise
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.exception("cost roll-up failed at %s; the next one catches up", now.isoformat())
+        return None
+
+
+@shared_task(name="burst.cost.rollup", ignore_result=False)
+def cost_rollup() -> dict:
+    """Roll the whole cost ledger (every node, every pool's on-prem work) up to now."""
+    rt = runtime()
+    scope = "cost-rollup"
+    # The lease spans a roll-up period: a worker that died mid-roll-up delays the next by at
+    # most one period, and deliveries within it (two beats) do the work once.
+    lease_s = max(rt.settings.cost_rollup_s, lease_seconds())
+    with lead(redis_client(), scope, lease_s, floor=rt.store.fence_token(scope) or 0) as token:
+        if token is None:
+            return {"leader": False}
+        now = rt.clock.now()
+        try:
+            result = roll_up(rt.store.fenced(scope, token), rt.policies, now,
+                             billing=billing_rules(rt.observer.catalogue()))
+        except StaleLeaderError as exc:
+            # A newer roll-up took over while this one ran past its lease: it writes the same.
+            return {"leader": False, "reason": str(exc)}
+        return {"leader": True, "fence": token, "at": now.isoformat(), **result.as_json()}
 
 
 @shared_task(name="burst.reconcile.run", ignore_result=False)

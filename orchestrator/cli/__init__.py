@@ -13,6 +13,9 @@ from orchestrator.cli.policy_cmd import policy_app
 from orchestrator.cli.provider_cmd import catalog_app, provider_app
 from orchestrator.cli.queue_cmd import status_command, submit_command
 from orchestrator.cli.run_cmd import agent_command, db_app, run_command
+from orchestrator.cli.simulate_cmd import simulate_command
+from orchestrator.cli.report_cmd import report_command
+from orchestrator.cli.token_cmd import token_app
 
 app = typer.Typer(
     help="burst: burst on-prem GPU training queues to the cloud when a policy says it pays.",
@@ -25,6 +28,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(provider_app, name="provider")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(pool_app, name="pool")
+app.add_typer(token_app, name="token")
 app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)
@@ -37,6 +41,8 @@ app.command("worker")(worker_command)
 app.command("beat")(beat_command)
 app.command("api")(api_command)
 app.command("spend")(spend_command)
+app.command("simulate")(simulate_command)
+app.command("report")(report_command)
 
 
 def main() -> None:

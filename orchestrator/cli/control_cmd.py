@@ -115,7 +115,8 @@ def api_command(
     host: Annotated[str | None, typer.Option("--host", help="Address to bind (BURST_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option("--port", min=0, max=65535, help="Port to bind (BURST_API_PORT).")] = None,
 ) -> None:
-    """Serve the controller API (agents, health) with uvicorn in the foreground until SIGTERM."""
+    """Serve the controller API (agents, costs, budgets, nodes, queue, metrics; docs/api.md)
+    with uvicorn in the foreground until SIGTERM."""
     import uvicorn
 
     from orchestrator.api import create_app

@@ -129,7 +129,7 @@ def spend_command(
     group_by: Annotated[str, typer.Option("--group-by", help="Comma-separated: project, provider, instance_type, pool, day.")] = "project",
     policy: _PolicyOpt = None, state_dir: _StateOpt = None, as_json: _JsonOpt = False,
 ) -> None:
-    """Burst spend from the node events and recorded prices (per-second, 1-minute minimum)."""
+    """Burst spend from the cost ledger (prices captured at launch, the providers' billing rules)."""
     from orchestrator.automation import operations as ops
 
     report = _run(ops.spend_report, policy, state_dir, ops.SpendArgs,

@@ -16,6 +16,7 @@ from orchestrator.domain.plan import (
     Terminate,
 )
 from orchestrator.domain.snapshot import (
+    BudgetSpend,
     CapacityBlock,
     OnPremState,
     PolicyMemory,
@@ -24,7 +25,7 @@ from orchestrator.domain.snapshot import (
 )
 
 __all__ = [
-    "Action", "ActionReason", "BillingRule", "CapacityBlock", "Decision", "Drain", "Hold", "Job",
+    "Action", "ActionReason", "BillingRule", "BudgetSpend", "CapacityBlock", "Decision", "Drain", "Hold", "Job",
     "JobState", "Launch", "Node", "NodeState", "Offering", "OfferingOption", "OnPremState",
     "OwnershipTags", "Placement", "Plan", "PolicyMemory", "PoolQueue", "Rule", "Snapshot",
     "Terminate", "offering_key",

@@ -101,6 +101,9 @@ class Node:
     released: bool = False  # fabric reports the node runs nothing and may go
     launch_attempts: int = 0
     version: int = 0
+    # Budget committed at launch (USD): price x billed expected lifetime, see
+    # orchestrator.planner.budgets. Budgets count what of it is not yet spent.
+    budget_commit_usd: float = 0.0
 
     @property
     def gpus_free(self) -> int:

@@ -46,6 +46,8 @@ class ActionReason(StrEnum):
     RETRY_LAUNCH = "retry-launch"  # re-issue a launch whose outcome was never recorded
     PREWARM = "prewarm"  # keeping an operator's pre-warm floor of GPUs for the pool
     OPERATOR = "operator"  # an operator asked for it (e.g. draining a whole pool)
+    SPOT_NOTICE = "spot-notice"  # the provider announced the instance's reclaim (spot/preemption)
+    BUDGET = "budget"  # the node's budget is past its drain grade (spend over the limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,10 @@ class Launch:
     reason: ActionReason
     project: str | None = None
     decision_id: str | None = None
+    # Budget the launch commits (USD): price x billed (overhead + expected runtime of ``jobs`` +
+    # idle tail); recorded on the node so budgets count it until it is spent.
+    budget_commit_usd: float = 0.0
+    jobs: tuple[str, ...] = ()  # the pending jobs it is launched for (empty: min-nodes, pre-warm)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
@@ -99,6 +100,21 @@ class PoolControl:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSpend:
+    """Spend observed for one budget (from the cost ledger) in its window at the snapshot time.
+
+    Keyed ``"<policy>/<budget name>"`` in :attr:`Snapshot.budget_spend`. ``spent_usd`` is what the
+    budget's scope (its pool, or one project of it) has cost from ``window_start`` until now,
+    accrued cost of nodes still running included; ``burn_usd_hour`` is the rate it spends at now.
+    """
+
+    spent_usd: Decimal
+    burn_usd_hour: Decimal = Decimal(0)
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """World state at ``taken_at``."""
 
@@ -110,3 +126,6 @@ class Snapshot:
     memory: dict[str, PolicyMemory] = field(default_factory=dict)
     paused_pools: frozenset[str] = frozenset()
     prewarm: dict[str, PrewarmRequest] = field(default_factory=dict)  # pool -> floor in force
+    # "<policy>/<budget>" -> spend observed in the budget's window; a budget missing here has
+    # spent nothing as far as the planner knows (the decision records it as unobserved).
+    budget_spend: dict[str, BudgetSpend] = field(default_factory=dict)

@@ -19,6 +19,7 @@ from orchestrator.domain.nodes import Node
 from orchestrator.domain.offerings import BillingRule, Offering
 from orchestrator.domain.plan import Decision, Drain, Hold, Launch, OfferingOption, Plan, Terminate
 from orchestrator.domain.snapshot import (
+    BudgetSpend,
     CapacityBlock,
     OnPremState,
     PolicyMemory,
@@ -28,7 +29,7 @@ from orchestrator.domain.snapshot import (
 )
 
 for _cls in (Job, Node, BillingRule, Offering, CapacityBlock, OnPremState, PolicyMemory, PoolQueue,
-             PrewarmRequest, Snapshot):
+             PrewarmRequest, BudgetSpend, Snapshot):
     _cls.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 _SNAPSHOT = TypeAdapter(Snapshot)
@@ -44,7 +45,8 @@ def snapshot_json_schema() -> dict[str, Any]:
     schema["$id"] = "burst-snapshot-v1"
     schema["description"] = (
         "World state for `burst plan`: queues per pool (pending jobs, on-prem capacity), burst "
-        "nodes, the provider catalogue, the negative-capacity cache and the planner's memory. "
+        "nodes, the provider catalogue, the negative-capacity cache, the planner's memory and the "
+        "spend observed per budget. "
         "Times are ISO 8601 with a timezone."
     )
     return schema
@@ -78,6 +80,11 @@ def _times(snapshot: Snapshot):
         yield f"nodes.{i}.state_since", node.state_since
     for pool, request in snapshot.prewarm.items():
         yield f"prewarm.{pool}.until", request.until
+    for key, spend in snapshot.budget_spend.items():
+        for name in ("window_start", "window_end"):
+            moment = getattr(spend, name)
+            if moment is not None:
+                yield f"budget_spend.{key}.{name}", moment
 
 
 def load_snapshot(path: str | Path) -> Snapshot:

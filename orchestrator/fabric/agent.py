@@ -10,20 +10,31 @@ heartbeat and exits.
 HTTP contract with the controller (JSON bodies; every call after registration carries
 ``Authorization: Bearer <credential>``):
 
-* ``POST /v1/agent/register`` ``{node_id, join_token, gpus, gpu_model, hostname, pid}``
-  -> 200 ``{credential, heartbeat_s}``; 401/403 refuses the token for good; no answer or any
-  other status is retried with backoff for ~5 minutes.
-* ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id}``
-  -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs}``; 401/403: revoked.
+* ``POST /v1/agent/register`` ``{node_id, join_token, gpus, gpu_model, gpu_inventory,
+  gpu_source, hostname, pid}`` -> 200 ``{credential, heartbeat_s, fabric, notice}``; 401/403
+  refuses the token for good; no answer or any other status is retried with backoff for ~5
+  minutes. ``fabric`` (null for the built-in fabric) tells the agent which fabric to join and how
+  (:mod:`orchestrator.fabric.slurm_node`, :mod:`orchestrator.fabric.torch_node`); ``notice``
+  (null: none) where to poll for spot/preemption notices (:mod:`orchestrator.fabric.node_facts`).
+* ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id, fabric_state,
+  notice, drain_report}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs}``;
+  401/403: revoked. ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
+  of a joined fabric; ``notice`` once a spot notice arrived; ``drain_report`` with ``released``.
 * ``POST /v1/agent/jobs/next`` ``{node_id, free_gpus}``
   -> 200 ``{job: {id, command, duration_s, gpus}}`` or 204 when there is nothing to run.
 * ``POST /v1/agent/jobs/{id}/finish`` ``{node_id, outcome: done|failed|handed-back, exit_code}``;
   ``exit_code`` is the command's status (negative: killed by that signal), 0 for a sleep that
   ran out, null for a sleep handed back. 5xx and no answer are retried; other 4xx drop the report.
 
+A node of a joined fabric (Slurm, torch elastic) pulls no work: its fabric gives it work. Its
+agent starts the fabric's member (slurmd, torchrun), reports ``joined`` as soon as the fabric
+shows the node usable, and on a drain runs the fabric's checkpoint-aware drain step by step
+(heartbeating meanwhile) before it reports ``released``. A spot notice starts the same drain at
+once, with the provider's deadline, without waiting for the controller.
+
 Exit codes: 0 released, stopped by a signal, or drained; 2 unusable bootstrap; 3 the controller
 refused the join token or revoked the credential; 4 the controller stayed unreachable at
-registration.
+registration; 5 the fabric member failed (e.g. slurmd died).
 
 Standard library only (urllib for HTTP), so the agent starts on a bare cloud image.
 """
@@ -47,16 +58,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
+from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
 
 EXIT_OK = 0
 EXIT_BAD_BOOTSTRAP = 2
 EXIT_AUTH = 3
 EXIT_UNREACHABLE = 4
+EXIT_FABRIC = 5
+NOTICE_MARGIN_S = 5.0  # finish a notice drain this long before the provider's deadline
 
 BOOT_DELAY_ENV = "BURST_BOOT_DELAY_S"  # set by the local provider; wins over the bootstrap value
 WORK_DIR_ENV = "BURST_WORK_DIR"
@@ -252,6 +266,11 @@ class Agent:
         self._draining = False
         self._respect_running = True
         self._deadline: datetime | None = None
+        self.inventory: GpuInventory | None = None
+        self.member: Any = None  # the joined fabric's member (SlurmMember, TorchMember) or None
+        self.notices: NoticeWatcher | None = None
+        self._notice_applied = False
+        self._joined_reported = False
 
     # -- signals ------------------------------------------------------------------------------
 
@@ -286,12 +305,19 @@ class Agent:
         if code is not None:
             return code
         try:
+            if self.member is not None:
+                return self._member_loop()
             return self._loop()
         except Revoked as exc:
             log.error("controller revoked this node's credential (%s); stopping", exc)
             if self.job is not None:
                 self.job.stop()
+            if self.member is not None:
+                self.member.stop()
             return EXIT_AUTH
+        finally:
+            if self.notices is not None:
+                self.notices.stop()
 
     def _sleep_ignoring_jobs(self, seconds: float) -> bool:
         end = time.monotonic() + seconds
@@ -300,11 +326,15 @@ class Agent:
         return self._signalled is None
 
     def _register(self) -> int | None:
+        self.inventory = gpu_inventory(self.boot.gpus, self.boot.gpu_model)
+        log.info("%d GPU(s) from %s", self.inventory.count, self.inventory.source)
         payload = {
             "node_id": self.boot.node_id,
             "join_token": self.boot.join_token,
-            "gpus": self.boot.gpus,
-            "gpu_model": self.boot.gpu_model,
+            "gpus": self.inventory.count,
+            "gpu_model": self.inventory.model or self.boot.gpu_model,
+            "gpu_inventory": self.inventory.as_list(),
+            "gpu_source": self.inventory.source,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
         }
@@ -336,7 +366,7 @@ class Agent:
                     except (TypeError, ValueError):
                         log.warning("ignoring unusable heartbeat_s from the controller")
                     log.info("registered; heartbeat every %.2fs", self.heartbeat_s)
-                    return None
+                    return self._setup_fabric(body)
                 log.warning(
                     "unexpected registration answer HTTP %d; retrying in %.1fs",
                     answer.status,
@@ -357,6 +387,8 @@ class Agent:
                 return self._stop_on_signal()
             self._collect_ended_job()
             self._flush_reports()
+            if self._notice_arrived():
+                next_heartbeat = 0.0
             now = time.monotonic()
             if now >= next_heartbeat:
                 next_heartbeat = now + self.heartbeat_s
@@ -386,11 +418,19 @@ class Agent:
     def _heartbeat(self, status: str | None = None) -> Answer | None:
         if status is None:
             status = "busy" if self.job is not None else "idle"
-        payload = {
+        payload: dict[str, Any] = {
             "node_id": self.boot.node_id,
             "status": status,
             "job_id": self.job.spec.id if self.job is not None else None,
         }
+        if self.member is not None:
+            payload["fabric_state"] = self.member.state
+            if self.member.failure:
+                payload["fabric_error"] = self.member.failure
+            if status == "released":
+                payload["drain_report"] = self.member.report.as_dict()
+        if self.notices is not None and self.notices.notice is not None:
+            payload["notice"] = self.notices.notice.as_dict()
         try:
             answer = self.api.post("/v1/agent/heartbeat", payload)
         except Unreachable as exc:
@@ -418,6 +458,8 @@ class Agent:
         self._draining = drain
         self._respect_running = bool(body.get("respect_running_jobs", True))
         self._deadline = _parse_deadline(body.get("deadline"))
+        if self._notice_applied:
+            self._apply_notice()  # a spot notice is not the controller's to cancel
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and datetime.now(UTC) >= self._deadline
@@ -519,6 +561,8 @@ class Agent:
 
     def _stop_on_signal(self) -> int:
         log.info("signal %s: stopping", self._signalled)
+        if self.member is not None:
+            self.member.stop()
         if self.job is not None:
             log.info("handing back job %s", self.job.spec.id)
             self.job.stop()
@@ -530,6 +574,89 @@ class Agent:
         if self._unreported:
             log.warning("could not report %d job outcome(s) before exiting", len(self._unreported))
         return EXIT_OK
+
+    def _setup_fabric(self, body: dict[str, Any]) -> int | None:
+        """Start the joined fabric's member and the notice watcher from the registration answer."""
+        notice = body.get("notice")
+        if isinstance(notice, dict) and notice.get("url"):
+            url = (str(notice["url"]).replace("{node_id}", self.boot.node_id)
+                   .replace("{instance_id}", os.environ.get("BURST_INSTANCE_ID", "")))
+            self.notices = NoticeWatcher(str(notice.get("kind") or "aws"), url,
+                                         float(notice.get("poll_s") or 5.0),
+                                         float(notice.get("deadline_s") or 30.0)).start()
+            log.info("watching %s for spot/preemption notices", url)
+        spec = body.get("fabric")
+        if not isinstance(spec, dict):
+            return None
+        try:
+            self.member = _make_member(spec, self.work_dir)
+            self.member.start()
+        except (OSError, ValueError, KeyError) as exc:
+            log.error("cannot join the %s fabric: %s", spec.get("kind"), exc)
+            if self.member is not None:
+                self.member.state, self.member.failure = "failed", str(exc)
+            else:
+                return EXIT_FABRIC
+        return None
+
+    def _notice_arrived(self) -> bool:
+        """True the first time a spot notice is seen: the drain starts now, with its deadline."""
+        if self._notice_applied or self.notices is None or self.notices.notice is None:
+            return False
+        self._notice_applied = True
+        log.warning("spot/preemption notice: checkpoint-draining now (deadline %s)",
+                    self.notices.notice.deadline.isoformat())
+        self._apply_notice()
+        return True
+
+    def _apply_notice(self) -> None:
+        assert self.notices is not None and self.notices.notice is not None
+        deadline = self.notices.notice.deadline - timedelta(seconds=NOTICE_MARGIN_S)
+        self._draining = True
+        self._deadline = deadline if self._deadline is None else min(self._deadline, deadline)
+        if self.member is None:
+            # Built-in jobs are handed back at once: the SIGTERM is their cue to checkpoint.
+            self._respect_running = False
+
+    def _member_loop(self) -> int:
+        """The loop of a node in a joined fabric: heartbeat, report the join, drain, release."""
+        member = self.member
+        next_heartbeat = 0.0
+        while True:
+            if self._signalled is not None:
+                return self._stop_on_signal()
+            member.poll()
+            if self._notice_arrived():
+                next_heartbeat = 0.0
+            now = time.monotonic()
+            report_join = member.state == "joined" and not self._joined_reported
+            if now >= next_heartbeat or report_join or member.state == "failed":
+                next_heartbeat = now + self.heartbeat_s
+                status = "busy" if member.busy else "idle"
+                if self._heartbeat(status) is not None and report_join:
+                    self._joined_reported = True
+            if member.state == "failed":
+                log.error("leaving: the fabric member failed (%s)", member.failure)
+                member.stop()
+                return EXIT_FABRIC
+            if self._draining and member.state in ("joining", "joined", "draining", "released"):
+                if member.drain_step(self._deadline):
+                    return self._release()
+            wake_at = next_heartbeat if member.state != "joining" else now + POLL_S
+            self._sleep_ignoring_jobs(min(max(wake_at - time.monotonic(), 0.0), POLL_S))
+
+
+def _make_member(spec: dict[str, Any], work_dir: Path) -> Any:
+    kind = spec.get("kind")
+    if kind == "slurm":
+        from orchestrator.fabric.slurm_node import SlurmMember
+
+        return SlurmMember(spec, work_dir)
+    if kind == "torch-elastic":
+        from orchestrator.fabric.torch_node import TorchMember
+
+        return TorchMember(spec, work_dir)
+    raise ValueError(f"unknown fabric kind {kind!r} (this agent joins slurm and torch-elastic)")
 
 
 def _finish(job_id: str, outcome: str, exit_code: int | None) -> dict[str, Any]:

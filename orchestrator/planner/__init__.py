@@ -8,8 +8,11 @@ Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); abso
 jobs into on-prem and existing burst capacity (:mod:`.demand`); the trigger with its
 ``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`);
 then an operator's pre-warm floor (:func:`_prewarm`), which launches what the floor still lacks.
-Exactly one :class:`Decision` records the rule that decided the tick, the inputs that mattered,
-the offerings weighed with their expected cost, and which limits held launches back.
+Budgets (:mod:`.budgets`) are checked by every launch, which carries the spend it commits; a
+budget past its drain grade drains its scope's ready nodes.
+Exactly one :class:`Decision` records the rule that decided the tick, the inputs that mattered
+(per budget: spent, committed, limit, grade), the offerings weighed with their expected cost,
+and which limits and budgets held launches back.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from orchestrator.domain.plan import (
     Action,
     ActionReason,
     Decision,
+    Drain,
     Hold,
     Launch,
     OfferingOption,
@@ -31,6 +35,7 @@ from orchestrator.domain.plan import (
     Rule,
 )
 from orchestrator.domain.snapshot import PolicyMemory, PrewarmRequest, Snapshot
+from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, resolve_candidates
 from orchestrator.planner.scaledown import plan_scale_down
@@ -46,7 +51,9 @@ def plan(snapshot: Snapshot, policies: Iterable[Policy], now: datetime) -> Plan:
     decisions: list[Decision] = []
     memory: dict[str, PolicyMemory] = {}
     for policy in policies:
-        policy_actions, decision, policy_memory = _plan_policy(snapshot, policy, now)
+        # Launches of earlier policies commit against budgets of the same pool too.
+        earlier = [a for a in actions if isinstance(a, Launch)]
+        policy_actions, decision, policy_memory = _plan_policy(snapshot, policy, now, earlier)
         actions.extend(policy_actions)
         decisions.append(decision)
         memory[policy.name] = policy_memory
@@ -68,7 +75,9 @@ def _child_id(prefix: str, parent: str, index: int) -> str:
     return prefix + hashlib.sha256(f"{parent}|{index}".encode()).hexdigest()[:12]
 
 
-def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[list[Action], Decision, PolicyMemory]:
+def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
+                 earlier: list[Launch] | None = None
+                 ) -> tuple[list[Action], Decision, PolicyMemory]:
     did = decision_id(policy.name, now, snapshot.capacity_blocks)
     pool = policy.pool.name
     nodes = [n for n in snapshot.nodes if n.policy == policy.name and not n.state.is_terminal]
@@ -83,8 +92,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
                  if n.pool == pool and n.policy != policy.name and _staying(n))
     floor = max(prewarm.gpus - others, 0) if prewarm is not None else 0  # this policy's share
 
+    books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
+    bounded = frozenset(n.id for n in nodes if books is not None and books.covers(n))
     actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did,
-                                                 floor_gpus=floor))
+                                                 floor_gpus=floor, bounded=bounded))
+    budget_drains = _budget_drains(policy, books, nodes, actions, now, did) if books else []
+    actions.extend(budget_drains)
     if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
         memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
 
@@ -110,12 +123,13 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         trigger_since = None
     elif min_missing > 0 and budget is not None:
         grants = []
+        runtime = policy.budget_commitment.default_runtime.total_seconds()
         for _ in range(min_missing):
-            if budget.blocker(ranked[0]) is not None:
-                held_back = (budget.blocker(ranked[0]) or "",)
+            grant, blocker = _plain_grant(policy, ranked, budget, books, runtime)
+            if grant is None:
+                held_back = (blocker or "",)
                 break
-            budget.take(ranked[0])
-            grants.append(Grant(ranked[0], "-"))
+            grants.append(grant)
         launches = _launches(policy, grants, did, ActionReason.MIN_NODES)
         rule, chosen = Rule.MIN_NODES, ranked[0].offering.key
         summary = f"launching {len(launches)} node(s) to keep min_nodes={policy.limits.min_nodes}"
@@ -144,7 +158,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
     else:
         held = _held_gpus(nodes)
-        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst)
+        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst,
+                                        books)
         held_back = tuple(held_list)
         launches = _launches(policy, grants, did, ActionReason.DEMAND)
         chosen = ranked[0].offering.key
@@ -163,7 +178,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         have = others + sum(n.gpus for n in nodes if _staying(n))
         have += sum(lc.offering.gpus for lc in launches)  # this tick's launches count too
         warm = _prewarm(policy, prewarm, have, candidates, rejected, budget,
-                        pool in snapshot.paused_pools, now, did, start=len(launches))
+                        pool in snapshot.paused_pools, now, did, start=len(launches), books=books)
         held_back = tuple(dict.fromkeys(held_back + warm.held_back))
         inputs["prewarm"] = {"gpus": prewarm.gpus, "until": prewarm.until.isoformat(),
                              "have_gpus": have}
@@ -183,6 +198,15 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime) -> tuple[lis
         else:
             summary = f"{summary}; {warm.summary}"
         launches = launches + warm.launches
+
+    if books is not None:
+        inputs["budgets"] = books.inputs()
+        notes = books.notes()
+        if budget_drains:
+            names = ", ".join(s.name for s in books.draining())
+            notes.append(f"draining {len(budget_drains)} node(s) past budget {names}")
+        if notes:
+            summary = f"{summary}; {'; '.join(notes)}" if summary else "; ".join(notes)
 
     actions = list(launches) + actions
     if launches:
@@ -251,13 +275,14 @@ class _Prewarm:
 
 def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: list[Candidate],
              rejected: list[OfferingOption], budget: Budget | None, paused: bool, now: datetime,
-             did: str, start: int) -> _Prewarm:
+             did: str, start: int, books: BudgetBook | None = None) -> _Prewarm:
     """Launch what the pool's pre-warm floor lacks: ``request.gpus`` burst GPUs ready or starting
     (``have`` of them already are, this tick's launches included) until ``request.until``.
 
     The offering is the one covering the gap for the least money per hour (node count x price),
-    then the next ones should its own ``max_nodes`` bind; a pool-wide limit stops all pre-warm
-    launching and is named in ``held_back``. A paused pool launches nothing.
+    then the next ones should its own ``max_nodes`` or a budget (spot-only, say) bind; a pool-wide
+    limit stops all pre-warm launching and is named in ``held_back``. Each node commits budget for
+    the time left until ``until``. A paused pool launches nothing.
     """
     until = request.until.isoformat().replace("+00:00", "Z")
     text = f"pre-warming {request.gpus} GPUs until {until}"
@@ -284,19 +309,25 @@ def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: lis
     grants: list[Grant] = []
     held: list[str] = []
     missing = gap
+    runtime = hours * 3600
     for candidate in ranked:
         blocker = None
+        commit = commitment_usd(policy, candidate.offering, runtime)
         while missing > 0 and blocker is None:
             blocker = budget.blocker(candidate)
+            if blocker is None and books is not None:
+                blocker = books.blocker(None, candidate.offering, commit)
             if blocker is None:
                 budget.take(candidate)
-                grants.append(Grant(candidate, "-"))
+                if books is not None:
+                    books.take(None, candidate.offering, commit)
+                grants.append(Grant(candidate, "-", runtime, commit))
                 missing -= candidate.offering.gpus
         if blocker is None:
             break  # the gap is covered
         if blocker not in held:
             held.append(blocker)
-        if not blocker.startswith("offerings["):
+        if not blocker.startswith(("offerings[", "budgets[")):
             break  # a pool-wide limit: no other offering helps
     launches = _launches(policy, grants, did, ActionReason.PREWARM, start=start)
     if launches:
@@ -324,8 +355,49 @@ def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReaso
             reason=reason,
             project=None if grant.project == "-" else grant.project,
             decision_id=did,
+            budget_commit_usd=float(grant.commit_usd),
+            jobs=grant.jobs,
         ))
     return launches
+
+
+def _plain_grant(policy: Policy, ranked: list[Candidate], budget: Budget, books: BudgetBook | None,
+                 runtime_s: float) -> tuple[Grant | None, str | None]:
+    """One node for no project (min_nodes): the first candidate every limit allows. Only a budget
+    (spot-only, say) passes the turn to the next candidate; any other limit stops it."""
+    first = None
+    for candidate in ranked:
+        commit = commitment_usd(policy, candidate.offering, runtime_s)
+        blocker = budget.blocker(candidate)
+        if blocker is None and books is not None:
+            blocker = books.blocker(None, candidate.offering, commit)
+        if blocker is None:
+            budget.take(candidate)
+            if books is not None:
+                books.take(None, candidate.offering, commit)
+            return Grant(candidate, "-", runtime_s, commit), None
+        first = first or blocker
+        if not blocker.startswith("budgets["):
+            break
+    return None, first
+
+
+def _budget_drains(policy: Policy, books: BudgetBook, nodes: list[Node], actions: list[Action],
+                   now: datetime, did: str) -> list[Drain]:
+    """Drain the ready nodes of every budget past its drain grade (running work is waited for,
+    up to drain_grace: the next safe point), except those already drained this tick."""
+    over = books.draining()
+    if not over:
+        return []
+    leaving = {a.node_id for a in actions if isinstance(a, Drain)}
+    deadline = now + policy.scale_down.drain_grace
+    drains = []
+    for node in nodes:
+        if node.state is not NodeState.READY or node.id in leaving:
+            continue
+        if any(in_scope(s.budget, s.pool, node.pool, node.project) for s in over):
+            drains.append(Drain(node.id, ActionReason.BUDGET, deadline, decision_id=did))
+    return drains
 
 
 def _projects(demand: Demand) -> str:

@@ -74,6 +74,34 @@ class Bins:
             self._move(index, 0)
         return used
 
+    def peek(self, gpus: int) -> list[int] | None:
+        """The bins :meth:`place` would use for a job of ``gpus``, without placing it."""
+        if gpus <= 0:
+            return []
+        if gpus > self.total:
+            return None
+        by_free = self._by_free
+        if gpus <= self.node_size:
+            for room in range(gpus, len(by_free)):
+                if by_free[room]:
+                    return [by_free[room][-1]]
+            return None
+        needed = -(-gpus // self.node_size)
+        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
+        if len(whole) < needed:
+            return None
+        return sorted(whole)[:needed]
+
+    def copy(self) -> Bins:
+        """An independent copy (to try a packing and keep it or not)."""
+        other = Bins.__new__(Bins)
+        other.free = list(self.free)
+        other.owners = list(self.owners)
+        other.node_size = self.node_size
+        other.total = self.total
+        other._by_free = [list(b) for b in self._by_free]
+        return other
+
     def whole(self) -> int:
         """How many bins are whole free nodes (what a multi-node job can use)."""
         if not self.node_size:

@@ -12,6 +12,9 @@ Rules, in order:
    Nor is it drained while an operator's pre-warm floor still needs it: ``floor_gpus`` burst
    GPUs (ready or starting) stay until the pre-warm's ``until``; idle nodes above the floor go
    as usual, and once ``until`` has passed the floor is 0 and the normal idle rule applies.
+   A node a budget covers (``bounded``) is held by the cooldown at most ``cooldowns.scale_down``
+   past ``idle_for``: its commitment paid for that much idling, not for as long as the pool keeps
+   launching.
 4. Ready nodes beyond ``limits.max_nodes`` (the limit was lowered) are drained, idle ones first.
    A hard limit: it wins over a pre-warm floor.
 """
@@ -34,6 +37,7 @@ def plan_scale_down(
     now: datetime,
     decision_id: str,
     floor_gpus: int = 0,
+    bounded: frozenset[str] = frozenset(),
 ) -> list[Action]:
     actions: list[Action] = []
     for node in nodes:
@@ -61,7 +65,11 @@ def plan_scale_down(
         (n for n in ready if _idle_long_enough(n, policy, now) and n.id not in busy_nodes),
         key=lambda n: (n.idle_since, n.id),
     )
-    if not in_cooldown:
+    if in_cooldown:
+        longest = policy.scale_down.idle_for + policy.cooldowns.scale_down
+        idle = [n for n in idle
+                if n.id in bounded and n.idle_since is not None and now - n.idle_since >= longest]
+    if idle:
         for node in idle:
             if removable <= 0:
                 break

@@ -11,19 +11,27 @@ pack them onto those nodes while they boot, until a limit binds:
 * pool limits: ``max_nodes`` (nodes in any state but terminated), ``max_concurrent_launches``
   (nodes not yet ready), ``max_hourly_spend_usd`` (sum of hourly prices of alive nodes),
   ``max_burst_gpus``;
-* the offering's own ``max_nodes``; when it binds, the next-cheapest candidate takes the rest.
+* the offering's own ``max_nodes``; when it binds, the next-cheapest candidate takes the rest;
+* budgets (:mod:`.budgets`): a launch must fit the commitment it makes, the hourly burn cap and the
+  grade in force of every budget of its scope.
 
-Every limit that held back a node is named in ``held_back_by``.
+Between projects of equal priority, when a pool-wide limit binds, nodes are shared by max-min
+fairness (see :func:`grant_nodes`). Every limit that held back a node is named in
+``held_back_by``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field, replace
+import heapq
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+from decimal import Decimal
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.plan import OfferingOption
+from orchestrator.planner.budgets import BudgetBook, commitment_usd, job_runtime_s
 from orchestrator.planner.demand import Bins
 from orchestrator.planner.offerings import Candidate, expected_cost, expected_hours, nodes_needed
 from orchestrator.policy.models import Policy
@@ -53,6 +61,14 @@ class Budget:
         if room is not None and room <= 0:
             return f"offerings[{o.key}].max_nodes"
         return None
+
+    def clone(self) -> Budget:
+        return replace(self, per_offering=dict(self.per_offering))
+
+    def assign(self, other: Budget) -> None:
+        """Take ``other``'s room (a clone that was planned with and kept)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
 
     def take(self, candidate: Candidate) -> None:
         o = candidate.offering
@@ -103,10 +119,14 @@ def price_options(unmet: tuple[Job, ...], candidates: list[Candidate]) -> list[O
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """One node to launch, of ``candidate``, for ``project``."""
+    """One node to launch, of ``candidate``, for ``project``; it commits ``commit_usd`` of budget
+    for ``runtime_s`` of work (the jobs in ``jobs``, which run on it side by side)."""
 
     candidate: Candidate
     project: str
+    runtime_s: float = 0.0
+    commit_usd: Decimal = Decimal(0)
+    jobs: tuple[str, ...] = ()
 
 
 def grant_nodes(
@@ -116,6 +136,7 @@ def grant_nodes(
     budget: Budget,
     held_gpus: dict[str, int],
     bins: Bins | None = None,
+    books: BudgetBook | None = None,
 ) -> tuple[list[Grant], list[str]]:
     """Grant nodes for the unmet jobs; return the grants and the limits that bound.
 
@@ -131,61 +152,232 @@ def grant_nodes(
     A job that needs a new node takes it from the cheapest candidate unless a limit binds: a
     project quota holds back that project's jobs only; a pool-wide limit stops all launching
     (a multi-node job it stops is skipped); the offering's own ``max_nodes`` passes the job to the
-    next candidate.
+    next candidate, and so does a budget (``books``: its commitment does not fit, its grade keeps
+    on-demand out or stops launches, its hourly burn is reached), since a cheaper node or a
+    shorter job may still fit. A job packed onto a node granted earlier this tick stretches that
+    node's commitment to its own runtime, if the node's budgets cover the difference; if not it
+    is held back by them.
+
+    Fair share: when a pool-wide limit (or pool budget) binds and two or more projects of equal
+    priority are waiting, the grants are planned again in fair order: within each priority the
+    next job served is the one of the project holding the fewest burst GPUs per unit of weight
+    (``held_gpus`` plus this tick's grants, divided by ``projects[].weight``), ties to the job
+    first in scheduling order (max-min fairness by water-filling). Jobs of one project keep their
+    scheduling order. When nothing pool-wide binds, every job is granted in scheduling order and
+    the packing agrees with ``absorb`` as above.
     """
-    grants: list[Grant] = []
-    held_back: list[str] = []
-
-    def hold(blocker: str) -> None:
-        if blocker not in held_back:
-            held_back.append(blocker)
-
-    # The packing continues from the burst capacity absorb left (``bins``): unmet jobs go on
-    # granted nodes, and a multi-node job also on whole nodes already there.
     bins = bins if bins is not None else Bins([])
-    left = list(unmet)
-    for candidate in ranked:
-        size = candidate.offering.gpus
-        bins.node_size = bins.node_size or size
-        offering_limit = f"offerings[{candidate.offering.key}].max_nodes"
-        carried: list[Job] = []  # jobs this offering's max_nodes kept out: next candidate's turn
-        pool_bound = False
-        for job in left:
-            if bins.place(job.gpus) is not None:
-                continue  # fits on a node already there or granted this tick
-            if pool_bound:
-                continue
-            if job.gpus <= bins.node_size:
-                if job.gpus > size:
-                    carried.append(job)  # a one-node job this offering's nodes cannot hold
+    rivals = _equal_priority_rivals(unmet, policy)
+    first = _Pass(policy, ranked, budget, held_gpus, bins, books)
+    # With rivals, the first pass gives up as soon as a pool-wide limit binds: fair order decides.
+    first.run(unmet, fair=False, stop_if_pool_limited=rivals)
+    chosen = first
+    if rivals and first.pool_limited() and not first.settled:
+        second = _Pass(policy, ranked, budget, held_gpus, bins, books)
+        second.run(unmet, fair=True)
+        chosen = second
+    budget.assign(chosen.budget)
+    held_gpus.clear()
+    held_gpus.update(chosen.held)
+    if books is not None and chosen.books is not None:
+        books.assign(chosen.books)
+    return chosen.grants, chosen.held_back
+
+
+def _equal_priority_rivals(jobs: tuple[Job, ...], policy: Policy) -> bool:
+    """Whether two projects of equal priority have unmet work (fair share has something to do)."""
+    priorities = {p.name: p.priority for p in policy.projects}
+    default = policy.default_project_priority
+    first: dict[int, str] = {}
+    for job in jobs:
+        seen = first.setdefault(priorities.get(job.project, default), job.project)
+        if seen != job.project:
+            return True
+    return False
+
+
+class _Pass:
+    """One planning of the grants, on copies of the limits' state (kept or thrown away)."""
+
+    def __init__(self, policy: Policy, ranked: list[Candidate], budget: Budget,
+                 held: dict[str, int], bins: Bins, books: BudgetBook | None):
+        self.policy = policy
+        self.ranked = ranked
+        self.budget = budget.clone()
+        self.held = dict(held)
+        self.bins = bins.copy()
+        self.books = books.copy() if books is not None else None
+        self.grants: list[Grant] = []
+        self.held_back: list[str] = []
+        self.granted_bin: dict[int, int] = {}  # bin index -> index in grants (this tick's nodes)
+        self.pool_budgets = books.pool_names() if books is not None else set()
+        self.full = False  # no node more in the pool: order no longer decides any grant
+        self.settled = False  # the outcome is final: no other order can grant anything
+
+    def hold(self, blocker: str) -> None:
+        if blocker not in self.held_back:
+            self.held_back.append(blocker)
+
+    def pool_limited(self) -> bool:
+        """Whether a pool-wide limit or a pool budget held something back."""
+        return any(self._pool_wide(b) for b in self.held_back)
+
+    def _pool_wide(self, blocker: str) -> bool:
+        return blocker.startswith("limits.") or blocker.split(".")[0] in self.pool_budgets
+
+    def run(self, unmet: tuple[Job, ...], fair: bool, stop_if_pool_limited: bool = False) -> None:
+        # The packing continues from the burst capacity absorb left (``bins``): unmet jobs go on
+        # granted nodes, and a multi-node job also on whole nodes already there.
+        bins = self.bins
+        left = list(unmet)
+        for candidate in self.ranked:
+            size = candidate.offering.gpus
+            bins.node_size = bins.node_size or size
+            offering_limit = f"offerings[{candidate.offering.key}].max_nodes"
+            carried: list[Job] = []  # jobs this offering could not take: next candidate's turn
+            pool_bound = self.full = False
+            for job in (self._fair_order(left) if fair else left):
+                where = bins.peek(job.gpus)
+                if where is not None:
+                    self._pack(job, where)  # on a node already there or granted this tick
                     continue
-                count = 1
-            else:
-                count = -(-job.gpus // bins.node_size) - bins.whole()
-            # A multi-node job gets all its missing nodes at once or none: a part of them would
-            # run nothing, idle and be drained, or be launched again next tick (the nodes in
-            # flight cannot hold the job), a flap; a limit smaller than its need holds it back.
-            blocker = _blocker(budget, candidate, count)
-            quota = policy.project_quota(job.project)
-            if blocker is None and quota is not None and held_gpus.get(job.project, 0) + count * size > quota:
-                blocker = f"projects[{job.project}].max_burst_gpus"
+                if pool_bound:
+                    continue
+                if job.gpus <= bins.node_size:
+                    if job.gpus > size:
+                        carried.append(job)  # a one-node job this offering's nodes cannot hold
+                        continue
+                    count = 1
+                else:
+                    count = -(-job.gpus // bins.node_size) - bins.whole()
+                # A multi-node job gets all its missing nodes at once or none: a part of them
+                # would run nothing, idle and be drained, or be launched again next tick (the
+                # nodes in flight cannot hold the job), a flap; a limit smaller than its need
+                # holds it back.
+                runtime = job_runtime_s(self.policy, job.duration_s)
+                commit = commitment_usd(self.policy, candidate.offering, runtime)
+                blocker = _blocker(self.budget, candidate, count)
+                quota = self.policy.project_quota(job.project)
+                if (blocker is None and quota is not None
+                        and self.held.get(job.project, 0) + count * size > quota):
+                    blocker = f"projects[{job.project}].max_burst_gpus"
+                if blocker is None and self.books is not None:
+                    blocker = self.books.blocker(job.project, candidate.offering, commit, count)
+                if blocker is not None:
+                    self.hold(blocker)
+                    if blocker == offering_limit or blocker.startswith("budgets["):
+                        carried.append(job)
+                    elif not blocker.startswith("projects[") and count == 1:
+                        # not one more node in the pool: no other offering helps
+                        pool_bound = self.full = True
+                        if not self.grants:
+                            # Nothing granted and nothing can be: whatever the order, this is
+                            # the outcome (what is left would only pack onto nodes already there).
+                            self.settled = True
+                            return
+                    if stop_if_pool_limited and self._pool_wide(blocker):
+                        return  # this pass is thrown away: the fair one decides
+                    continue  # (a multi-node job that does not fit is skipped, as in a backfill)
+                for _ in range(count):
+                    self.budget.take(candidate)
+                    if self.books is not None:
+                        self.books.take(job.project, candidate.offering, commit)
+                    bins.add(size)
+                    self.granted_bin[len(bins.free) - 1] = len(self.grants)
+                    self.grants.append(Grant(candidate, job.project, runtime, commit))
+                self.held[job.project] = self.held.get(job.project, 0) + count * size
+                self._attach(job, bins.place(job.gpus) or [])  # fits now (nodes of one size)
+            if pool_bound or not carried:
+                break
+            left = carried
+
+    def _pack(self, job: Job, where: list[int]) -> None:
+        """Place ``job`` on the bins ``where`` (peeked); nodes granted this tick stretch their
+        commitment to its runtime, or the job is held back by the budget that cannot pay it."""
+        runtime = job_runtime_s(self.policy, job.duration_s)
+        stretch: list[tuple[int, Decimal]] = []
+        for index in where:
+            g = self.granted_bin.get(index)
+            if g is not None and self.grants[g].runtime_s < runtime:
+                grant = self.grants[g]
+                longer = commitment_usd(self.policy, grant.candidate.offering, runtime)
+                extra = longer - grant.commit_usd
+                stretch.append((g, extra))
+        if stretch and self.books is not None:
+            extras: dict[str | None, Decimal] = {}
+            for g, extra in stretch:
+                project = self.grants[g].project
+                extras[project] = extras.get(project, Decimal(0)) + extra
+            blocker = self.books.extend_blocker(extras)
             if blocker is not None:
-                hold(blocker)
-                if blocker == offering_limit:
-                    carried.append(job)
-                elif not blocker.startswith("projects[") and count == 1:
-                    pool_bound = True  # not one more node in the pool: no other offering helps
-                continue  # (a multi-node job that does not fit is skipped, as in a backfill)
-            for _ in range(count):
-                budget.take(candidate)
-                grants.append(Grant(candidate, job.project))
-                bins.add(size)
-            held_gpus[job.project] = held_gpus.get(job.project, 0) + count * size
-            bins.place(job.gpus)  # fits now (nodes of one size; mixed sizes are an estimate)
-        if pool_bound or not carried:
-            break
-        left = carried
-    return grants, held_back
+                self.hold(blocker)
+                return  # not placed: the node granted this tick is not committed for it
+        for g, extra in stretch:
+            grant = self.grants[g]
+            if self.books is not None:
+                self.books.extend(grant.project, extra)
+            self.grants[g] = replace(grant, runtime_s=runtime, commit_usd=grant.commit_usd + extra)
+        self._attach(job, self.bins.place(job.gpus) or [])
+
+    def _attach(self, job: Job, used: list[int]) -> None:
+        for index in used:
+            g = self.granted_bin.get(index)
+            if g is not None:
+                grant = self.grants[g]
+                self.grants[g] = replace(grant, jobs=grant.jobs + (job.id,))
+
+    def _fair_order(self, jobs: list[Job]) -> Iterator[Job]:
+        """``jobs`` (in scheduling order) by priority, and within a priority by water-filling:
+        next comes the job of the project with the fewest GPUs held per weight (read live, as
+        grants are made), ties to the job first in scheduling order.
+
+        Jobs are read lazily, by one cursor filling a queue per project as far as needed: the
+        limit usually binds after a few hundred jobs, and 100k pending jobs should not all be
+        sorted into queues for that.
+        """
+        priorities = {p.name: p.priority for p in self.policy.projects}
+        default = self.policy.default_project_priority
+        weights = {p.name: p.weight for p in self.policy.projects}
+        held = self.held
+        classes: dict[int, set[str]] = {}
+        for priority, project in {(priorities.get(j.project, default), j.project) for j in jobs}:
+            classes.setdefault(priority, set()).add(project)
+        queues: dict[str, deque[int]] = {p: deque() for ps in classes.values() for p in ps}
+        cursor = 0
+        served: set[int] = set()
+
+        def head(project: str) -> int | None:
+            """Index of the project's next job, reading on as far as needed."""
+            nonlocal cursor
+            queue = queues[project]
+            while not queue and cursor < len(jobs):
+                queues[jobs[cursor].project].append(cursor)
+                cursor += 1
+            return queue[0] if queue else None
+
+        def share(project: str) -> float:
+            return held.get(project, 0) / weights.get(project, 1.0)
+
+        for priority in sorted(classes, reverse=True):
+            heap = []
+            for project in classes[priority]:
+                first = head(project)
+                if first is not None:
+                    heap.append((share(project), first, project))
+            heapq.heapify(heap)
+            while heap:
+                if self.full:
+                    # Once the pool is full only packing onto nodes already there is left: the
+                    # rest goes in scheduling order (higher priorities were all served already).
+                    yield from (job for i, job in enumerate(jobs) if i not in served)
+                    return
+                _, index, project = heapq.heappop(heap)
+                queues[project].popleft()
+                served.add(index)
+                yield jobs[index]  # the caller may grant it nodes: the project's share changes
+                following = head(project)
+                if following is not None:
+                    heapq.heappush(heap, (share(project), following, project))
 
 
 def _blocker(budget: Budget, candidate: Candidate, count: int) -> str | None:

@@ -12,15 +12,16 @@ field and line; see :mod:`orchestrator.policy.loader`.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from orchestrator.policy.units import Duration, Money
 
 from orchestrator.policy.base import NAME_PATTERN, Name, PolicyModel, field_problem
+from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.providers import ProviderSettings
 
 
@@ -86,11 +87,18 @@ class QueueConfig(PolicyModel):
     partition: str | None = Field(
         default=None, description="Slurm partition to watch (slurm source only)."
     )
+    slurm_conf: str | None = Field(
+        default=None,
+        description="slurm.conf of the cluster (slurm source only; default: $SLURM_CONF, else "
+        "Slurm's own default). Exported as SLURM_CONF to every Slurm command burst runs.",
+    )
 
     @model_validator(mode="after")
     def _partition_only_for_slurm(self) -> QueueConfig:
         if self.partition is not None and self.source is not QueueSourceKind.SLURM:
             raise field_problem("partition", "only applies to source: slurm")
+        if self.slurm_conf is not None and self.source is not QueueSourceKind.SLURM:
+            raise field_problem("slurm_conf", "only applies to source: slurm")
         return self
 
 
@@ -248,11 +256,178 @@ class Project(PolicyModel):
     name: Name = Field(description="Project name, as jobs carry it (Slurm account, etc.).")
     priority: int = Field(
         default=0,
-        description="Higher runs first on burst capacity. Projects of equal priority are served "
-        "job by job in submit order (FIFO across the projects), each within its own quota.",
+        description="Higher runs first on burst capacity: a higher-priority project's queued work "
+        "gets nodes before any lower one's. Projects of equal priority share by max-min fairness "
+        "when a pool limit binds: the next node goes to the project holding the fewest burst GPUs "
+        "(those held plus those granted this tick, divided by its weight), ties to the project "
+        "whose next job comes first in submit order; each stays within its own quota. When no "
+        "pool limit binds, every project's work gets nodes in submit order (see docs/budgets.md).",
     )
     max_burst_gpus: int | None = Field(
         default=None, ge=0, description="Most burst GPUs the project may hold at once."
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        description="Fair-share weight among projects of equal priority: a project of weight 2 is "
+        "granted nodes until it holds twice the burst GPUs of a project of weight 1.",
+    )
+
+
+class BudgetWindow(StrEnum):
+    """The period a budget's limit applies to. Calendar windows are in UTC."""
+
+    DAY = "day"  # 00:00 to 24:00 UTC
+    WEEK = "week"  # Monday 00:00 UTC to the next Monday
+    MONTH = "month"  # the 1st 00:00 UTC to the 1st of the next month
+    CUSTOM = "custom"  # back-to-back windows of `period`, the first starting at `starts`
+
+
+class BudgetAction(StrEnum):
+    """What a budget grade does once spend reaches it; each includes the milder ones before it."""
+
+    WARN = "warn"  # recorded in the decision (inputs and summary); nothing else changes
+    SPOT_ONLY = "spot-only"  # launches in the budget's scope consider spot offerings only
+    NO_NEW_LAUNCHES = "no-new-launches"  # no launch in the budget's scope
+    DRAIN = "drain"  # also drain the scope's ready nodes (running work finishes, up to drain_grace)
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {BudgetAction.WARN: 0, BudgetAction.SPOT_ONLY: 1, BudgetAction.NO_NEW_LAUNCHES: 2,
+             BudgetAction.DRAIN: 3}
+
+
+class BudgetGrade(PolicyModel):
+    """One step of a budget's graded response to spend approaching its limit."""
+
+    at_percent: float = Field(
+        gt=0,
+        description="Share of the limit, in percent, used by spend plus outstanding commitments at "
+        "which the action applies (reached: used >= at_percent). A `drain` grade applies only when "
+        "the share is strictly above it, so `{at_percent: 100, action: drain}` means past the "
+        "budget.",
+    )
+    action: BudgetAction = Field(description="What happens from this share on.")
+
+    def reached(self, used_percent: float) -> bool:
+        if self.action is BudgetAction.DRAIN:
+            return used_percent > self.at_percent
+        return used_percent >= self.at_percent
+
+
+def _default_grades() -> list[BudgetGrade]:
+    return [
+        BudgetGrade(at_percent=80, action=BudgetAction.WARN),
+        BudgetGrade(at_percent=90, action=BudgetAction.SPOT_ONLY),
+        BudgetGrade(at_percent=100, action=BudgetAction.NO_NEW_LAUNCHES),
+        BudgetGrade(at_percent=100, action=BudgetAction.DRAIN),
+    ]
+
+
+class Budget(PolicyModel):
+    """A spend limit over a window for one project of the pool, or for the whole pool.
+
+    The planner commits spend before launching: a node is launched only if the budget's limit
+    covers what was spent in the window, what live nodes have committed and not yet spent, and
+    this node's commitment (see `budget_commitment` and docs/budgets.md).
+    """
+
+    name: Name = Field(description="Budget name, unique in the policy; decisions name it as "
+                       "`budgets[NAME]`.")
+    project: Name | None = Field(
+        default=None,
+        description="The project whose burst spend the budget limits (nodes launched for it); "
+        "unset: the whole pool, every project together. Any project name may be given, listed "
+        "under projects or not.",
+    )
+    window: BudgetWindow = Field(
+        default=BudgetWindow.MONTH, description="The period the limit applies to (UTC calendar "
+        "windows, or custom)."
+    )
+    period: Duration | None = Field(
+        default=None,
+        description="Length of each custom window, whole hours (window: custom only).",
+    )
+    starts: AwareDatetime | None = Field(
+        default=None,
+        description="Start of one custom window, with a timezone, on a whole UTC hour, e.g. "
+        "2026-01-01T00:00:00Z; the windows run back to back from it, before and after "
+        "(window: custom only).",
+    )
+    limit_usd: Money = Field(description="Most USD the scope may spend on burst nodes in a window.")
+    max_hourly_burn_usd: Money | None = Field(
+        default=None,
+        description="Most USD per hour the scope's live burst nodes may cost together (their "
+        "hourly prices, a launch's included).",
+    )
+    grades: list[BudgetGrade] = Field(
+        default=_default_grades(),
+        description="Graded actions as spend approaches the limit, in ascending at_percent. "
+        "Unset: 80 warn, 90 spot-only, 100 no-new-launches, past 100 drain. An empty list keeps "
+        "only the commitment check.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Budget:
+        if self.window is BudgetWindow.CUSTOM:
+            if self.period is None:
+                raise field_problem("period", "window: custom needs a period, e.g. 14d")
+            if self.period <= timedelta(0):
+                raise field_problem("period", "must be longer than 0s")
+            if self.starts is None:
+                raise field_problem("starts", "window: custom needs starts, e.g. "
+                                    "2026-01-01T00:00:00Z")
+            # Spend is kept in hourly buckets: a window must start and end on a whole UTC hour.
+            if self.period % timedelta(hours=1):
+                raise field_problem("period", "must be a whole number of hours (spend is kept "
+                                    "per hour)")
+            start = self.starts.astimezone(UTC)
+            if (start.minute, start.second, start.microsecond) != (0, 0, 0):
+                raise field_problem("starts", "must fall on a whole UTC hour (spend is kept per "
+                                    "hour)")
+        else:
+            for name in ("period", "starts"):
+                if getattr(self, name) is not None:
+                    raise field_problem(name, f"only applies to window: custom (window is "
+                                        f"{self.window})")
+        for index in range(1, len(self.grades)):
+            before, grade = self.grades[index - 1], self.grades[index]
+            if grade.action.severity < before.action.severity:
+                raise field_problem(f"grades[{index}].action",
+                                    f"{grade.action} is milder than {before.action} before it; "
+                                    "grades go from mild to severe")
+            same_drain = (grade.at_percent == before.at_percent
+                          and grade.action is BudgetAction.DRAIN
+                          and before.action is not BudgetAction.DRAIN)
+            if grade.at_percent <= before.at_percent and not same_drain:
+                raise field_problem(f"grades[{index}].at_percent",
+                                    f"{grade.at_percent:g} is not above {before.at_percent:g} "
+                                    "before it; grades go in ascending at_percent (only a drain "
+                                    "grade may repeat the percent before it: it applies past it)")
+        return self
+
+
+class BudgetCommitment(PolicyModel):
+    """How much budget a launch commits before it is made.
+
+    A new node commits its hourly price x billed time, the time being the overhead, plus the
+    expected runtime of the jobs it is launched for (the longest of them: they run side by side),
+    plus `scale_down.idle_for` and `cooldowns.scale_down` (the longest it idles before it is
+    drained), and never less than the provider's minimum billing.
+    """
+
+    default_runtime: Duration = Field(
+        default=timedelta(hours=1),
+        description="Expected runtime of a job that gives none (no time limit), and of nodes "
+        "launched for min_nodes.",
+    )
+    overhead: Duration = Field(
+        default=timedelta(minutes=10),
+        description="Time a new node costs outside its jobs: booting, joining, being drained and "
+        "terminated.",
     )
 
 
@@ -277,7 +452,7 @@ class Policy(PolicyModel):
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Per-state node timeouts.")
     cooldowns: Cooldowns = Field(default_factory=Cooldowns, description="Anti-flap cooldowns.")
     projects: list[Project] = Field(
-        default_factory=list, description="Per-project priority and burst quota."
+        default_factory=list, description="Per-project priority, fair-share weight and burst quota."
     )
     default_project_priority: int = Field(
         default=0, description="Priority of projects not listed under projects."
@@ -285,6 +460,21 @@ class Policy(PolicyModel):
     providers: ProviderSettings = Field(
         default_factory=ProviderSettings,
         description="Per-provider launch settings (AMI, project, driver...), for each cloud used.",
+    )
+    fabric: FabricConfig = Field(
+        default_factory=FabricConfig,
+        description="How burst nodes join the training fabric and drain out of it (see "
+        "docs/fabric.md).",
+    )
+    budgets: list[Budget] = Field(
+        default_factory=list,
+        description="Spend limits over windows, per project or for the whole pool, with graded "
+        "actions (see docs/budgets.md).",
+    )
+    budget_commitment: BudgetCommitment = Field(
+        default_factory=BudgetCommitment,
+        description="How much budget each launch commits (every launch records it; budgets "
+        "check it).",
     )
 
     @model_validator(mode="after")
@@ -294,6 +484,11 @@ class Policy(PolicyModel):
             if project.name in seen:
                 raise field_problem(f"projects[{index}].name", f"duplicate project {project.name!r}")
             seen.add(project.name)
+        budget_names: set[str] = set()
+        for index, budget in enumerate(self.budgets):
+            if budget.name in budget_names:
+                raise field_problem(f"budgets[{index}].name", f"duplicate budget {budget.name!r}")
+            budget_names.add(budget.name)
         keys: set[str] = set()
         for index, offering in enumerate(self.offerings):
             if offering.key in keys:
@@ -317,12 +512,44 @@ class Policy(PolicyModel):
             raise field_problem("limits.min_nodes", "no offering may launch a node")
         return self
 
+    @model_validator(mode="after")
+    def _fabric_fits_queue(self) -> Policy:
+        kind = self.fabric_kind
+        if kind is FabricKind.SLURM and self.queue.source is not QueueSourceKind.SLURM:
+            raise field_problem("fabric.kind", "slurm needs queue.source: slurm (the nodes join "
+                                "the cluster the queue is read from)")
+        if self.queue.source is QueueSourceKind.SLURM and kind is not FabricKind.SLURM:
+            raise field_problem("fabric.kind", f"{kind} cannot run Slurm jobs; with queue.source: "
+                                "slurm the fabric is slurm")
+        if kind is FabricKind.TORCH_ELASTIC and self.fabric.torch is None:
+            raise field_problem("fabric.torch", "kind: torch-elastic needs the torch section")
+        slots = self.fabric.slurm.slot_names()
+        if kind is FabricKind.SLURM and str(self.fabric.slurm.join) == "slot" and (
+                self.limits.max_nodes > len(slots)):
+            raise field_problem("limits.max_nodes", f"{self.limits.max_nodes} is more than the "
+                                f"{len(slots)} Slurm slot(s) in fabric.slurm.slots")
+        return self
+
+    @property
+    def fabric_kind(self) -> FabricKind:
+        """The fabric in force: ``fabric.kind``, or what ``queue.source`` implies."""
+        if self.fabric.kind is not None:
+            return self.fabric.kind
+        return FabricKind.SLURM if self.queue.source is QueueSourceKind.SLURM else FabricKind.BUILTIN
+
     def project_priority(self, name: str) -> int:
         """Priority of a project's work; unlisted projects get ``default_project_priority``."""
         for project in self.projects:
             if project.name == name:
                 return project.priority
         return self.default_project_priority
+
+    def project_weight(self, name: str) -> float:
+        """Fair-share weight of a project among those of equal priority (1 unless listed)."""
+        for project in self.projects:
+            if project.name == name:
+                return project.weight
+        return 1.0
 
     def project_quota(self, name: str) -> int | None:
         """Most burst GPUs the project may hold, or None for no per-project limit."""

@@ -27,7 +27,18 @@ class _PolicySchemaGenerator(GenerateJsonSchema):
         if isinstance(dft, Decimal):
             number = float(dft)
             return number if Decimal(repr(number)) == dft else format(dft, "f")
-        return super().encode_default(dft)
+        return _whole_numbers(super().encode_default(dft))
+
+
+def _whole_numbers(value: Any) -> Any:
+    """``80.0`` -> ``80`` (a percent or weight is written without a fraction in a policy)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    return value
 
 
 def policy_json_schema() -> dict[str, Any]:
@@ -58,6 +69,8 @@ def _is_money(schema: dict[str, Any]) -> bool:
 def _bounds(schema: dict[str, Any]) -> str:
     if "minimum" in schema:
         return f" ≥ {schema['minimum']}"
+    if "exclusiveMinimum" in schema:
+        return f" > {schema['exclusiveMinimum']}"
     return ""
 
 
@@ -84,12 +97,16 @@ def _type_text(schema: dict[str, Any], defs: dict[str, Any]) -> str:
         return "duration"
     if schema.get("pattern") == NAME_PATTERN:
         return "name"
+    if schema.get("type") == "string" and schema.get("format") == "date-time":
+        return "date-time with timezone"
     if schema.get("type") == "string" and schema.get("minLength"):
         return "text (non-empty)"
     if schema.get("type") == "string":
         return "text"
     if schema.get("type") == "integer":
         return "integer" + _bounds(schema)
+    if schema.get("type") == "number":
+        return "number" + _bounds(schema)
     return str(schema.get("type", "any"))
 
 
@@ -105,6 +122,8 @@ def _default_text(key: str, prop: dict[str, Any], required: set[str], defs: dict
         return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, (list, dict)):
+        return f"`{json.dumps(value)}`"
     return f"`{value}`"
 
 

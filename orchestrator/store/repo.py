@@ -27,7 +27,11 @@ from orchestrator.store.engine import default_sqlite_url
 from orchestrator.store.fencing import Fencing
 from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.jobqueue import JobQueue
+from orchestrator.store.ledger import Ledger
 from orchestrator.store.pools import PoolControls
+from orchestrator.store.slots import FabricSlots
+from orchestrator.store.telemetry import Telemetry
+from orchestrator.store.tokens import ApiTokens
 
 # default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
 # re-exported here beside Store.
@@ -80,7 +84,7 @@ def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
 _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
 
 
-class Store(JoinSecrets, JobQueue, PoolControls, Fencing):
+class Store(JoinSecrets, JobQueue, PoolControls, Ledger, ApiTokens, Telemetry, FabricSlots, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

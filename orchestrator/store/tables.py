@@ -235,13 +235,25 @@ class CostLineRow(Base):
 
     __tablename__ = "cost_lines"
     __table_args__ = (
-        sa.Index("ix_cost_lines_day_project", "day", "project"),
-        sa.Index("ix_cost_lines_period_start", "period_start"),
+        # The roll-up reads and rewrites one subject's open buckets; spend() finds how far a
+        # node's lines reach.
+        sa.Index("ix_cost_lines_subject_period_start", "subject", "period_start"),
+        # Budgets sum a window's cost each tick, for everything, a project or a pool; reports
+        # group by project (and day) most. These indexes cover those queries: index-only scans,
+        # and reports by project stream in index order with no sort (docs/performance.md).
+        sa.Index("ix_cost_lines_period_start_kind_cost_micros", "period_start", "kind",
+                 "cost_micros"),
+        sa.Index("ix_cost_lines_project_report", "project", "day", "kind", "cost_micros",
+                 "onprem_equiv_micros", "gpu_seconds", "instance_seconds", "period_start"),
+        sa.Index("ix_cost_lines_pool_period_start_kind_cost_micros", "pool", "period_start", "kind",
+                 "cost_micros"),
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     line_key: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
-    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), index=True)
+    # What the line belongs to for the roll-up: the node id, or ``onprem:<pool>``.
+    subject: Mapped[str] = mapped_column(sa.String(STR_KEY))
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID))
     period_start: Mapped[datetime]
     period_end: Mapped[datetime]
     day: Mapped[str] = mapped_column(sa.String(10))  # UTC date of period_start, YYYY-MM-DD
@@ -302,6 +314,20 @@ class TickStatRow(Base):
     total_duration_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
 
 
+
+class FabricMemberRow(Base):
+    """A Slurm node name a burst node holds in the fabric (see ``slots``): a pre-declared FUTURE
+    slot (kept, ``node_id`` NULL while free) or a dynamic node (deleted when released). The
+    unique ``node_id`` makes a burst node hold at most one name."""
+
+    __tablename__ = "fabric_members"
+
+    scope: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(16))
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), unique=True)
+    claimed_at: Mapped[datetime | None]
+
 # Core handles for the repository, which issues compare-and-set statements rather than using the
 # unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
 nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
@@ -317,3 +343,4 @@ cost_lines: sa.Table = CostLineRow.__table__  # type: ignore[assignment]
 ledger_marks: sa.Table = LedgerMarkRow.__table__  # type: ignore[assignment]
 api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
 tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
+fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]

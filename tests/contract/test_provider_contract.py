@@ -28,7 +28,7 @@ from orchestrator.domain.ports import (
 from orchestrator.fabric.bootstrap import Bootstrap
 from tests.contract.env import ContractEnv
 
-ADAPTERS = ["local", "aws", "gcp", "libcloud"]
+ADAPTERS = ["local", "aws", "gcp", "libcloud", "sim"]
 ERRORS = {"capacity": CapacityError, "quota": QuotaError, "auth": AuthError,
           "transient": TransientError, "invalid": InvalidRequest}
 _counter = iter(range(1_000_000))

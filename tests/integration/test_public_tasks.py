@@ -101,7 +101,8 @@ def store(env: str) -> Iterator[Store]:
     """The worker's store, emptied of pool controls and nodes before each test."""
     with Store(env) as s:
         with s.engine.begin() as conn:
-            for table in ("pool_controls", "node_events", "nodes", "decisions", "policy_memory"):
+            for table in ("pool_controls", "node_events", "nodes", "decisions", "policy_memory",
+                          "cost_lines", "ledger_marks"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
         yield s
 
@@ -149,7 +150,8 @@ def test_pause_prewarm_evaluate_resume_drain(app: Celery, store: Store) -> None:
 
 
 def test_spend_report(app: Celery, store: Store) -> None:
-    now = datetime.now(UTC)
+    # On the hour: the ledger's lines are hour buckets, selected by where their bucket starts.
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     record_life(store, "a", now - timedelta(hours=3), now - timedelta(hours=2), price=4.1,
                 project="vision")
     record_life(store, "b", now - timedelta(hours=2), now - timedelta(hours=1, minutes=30),

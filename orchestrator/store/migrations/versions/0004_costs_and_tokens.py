@@ -31,6 +31,7 @@ def upgrade() -> None:
         "cost_lines",
         sa.Column("id", _BIG_ID, autoincrement=True, nullable=False),
         sa.Column("line_key", sa.String(255), nullable=False),
+        sa.Column("subject", sa.String(255), nullable=False),
         sa.Column("node_id", sa.String(64), nullable=True),
         sa.Column("period_start", _TS, nullable=False),
         sa.Column("period_end", _TS, nullable=False),
@@ -54,9 +55,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_cost_lines"),
         sa.UniqueConstraint("line_key", name="uq_cost_lines_line_key"),
     )
-    op.create_index("ix_cost_lines_node_id", "cost_lines", ["node_id"])
-    op.create_index("ix_cost_lines_day_project", "cost_lines", ["day", "project"])
-    op.create_index("ix_cost_lines_period_start", "cost_lines", ["period_start"])
+    op.create_index("ix_cost_lines_subject_period_start", "cost_lines", ["subject", "period_start"])
+    op.create_index("ix_cost_lines_period_start_kind_cost_micros", "cost_lines",
+                    ["period_start", "kind", "cost_micros"])
+    op.create_index("ix_cost_lines_project_report", "cost_lines",
+                    ["project", "day", "kind", "cost_micros", "onprem_equiv_micros", "gpu_seconds",
+                     "instance_seconds", "period_start"])
+    op.create_index("ix_cost_lines_pool_period_start_kind_cost_micros", "cost_lines",
+                    ["pool", "period_start", "kind", "cost_micros"])
     op.create_table(
         "ledger_marks",
         sa.Column("subject", sa.String(255), nullable=False),
@@ -93,9 +99,10 @@ def downgrade() -> None:
     op.drop_table("tick_stats")
     op.drop_table("api_tokens")
     op.drop_table("ledger_marks")
-    op.drop_index("ix_cost_lines_period_start", table_name="cost_lines")
-    op.drop_index("ix_cost_lines_day_project", table_name="cost_lines")
-    op.drop_index("ix_cost_lines_node_id", table_name="cost_lines")
+    op.drop_index("ix_cost_lines_pool_period_start_kind_cost_micros", table_name="cost_lines")
+    op.drop_index("ix_cost_lines_project_report", table_name="cost_lines")
+    op.drop_index("ix_cost_lines_period_start_kind_cost_micros", table_name="cost_lines")
+    op.drop_index("ix_cost_lines_subject_period_start", table_name="cost_lines")
     op.drop_table("cost_lines")
     with op.batch_alter_table("nodes") as batch:
         batch.drop_column("budget_commit_usd")

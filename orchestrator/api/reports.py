@@ -1,0 +1,114 @@
+"""Cost and budget routes: ``GET /v1/costs`` and ``GET /v1/budgets``.
+
+Both read what the cost ledger holds (:mod:`orchestrator.costs.report`,
+:mod:`orchestrator.costs.budgets`); neither computes money itself. Scoping:
+
+* ``/v1/costs``: the ledger lines are filtered to the caller's projects *before* they are grouped
+  and summed, so a project token's rows and total are its own projects' spend only, whatever the
+  grouping (a ``group_by=provider`` report of a viewer is its projects' spend per provider).
+* ``/v1/budgets``: a project token sees the budgets of its projects; pool-wide budgets (no
+  project) add up every project's spend, so only admins see them.
+
+``/v1/costs`` answers JSON, or CSV (``text/csv``) when the request's ``Accept`` prefers it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from orchestrator.api.auth import Caller, invalid, parse_projects, project_scope
+from orchestrator.api.v1 import NAME_PATTERN, NameQuery, ProjectQuery, iso, parse_time
+from orchestrator.wiring import Runtime
+
+DEFAULT_GROUP_BY = "project"
+CSV = "text/csv"
+
+
+def month_start(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def wants_csv(request: Request) -> bool:
+    """Does the ``Accept`` header prefer CSV to JSON (q-values honoured, JSON on a tie)?"""
+    best: dict[str, float] = {}
+    for part in request.headers.get("accept", "").split(","):
+        media, *params = [p.strip() for p in part.split(";")]
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        media = media.lower()
+        best[media] = max(best.get(media, 0.0), quality)
+    csv = best.get(CSV, 0.0)
+    json = max(best.get("application/json", 0.0), best.get("*/*", 0.0),
+               best.get("application/*", 0.0))
+    return csv > 0 and csv > json
+
+
+def router(runtime: Runtime) -> APIRouter:
+    api = APIRouter(prefix="/v1", tags=["costs"])
+
+    @api.get("/costs", responses={200: {"content": {"application/json": {}, CSV: {}},
+                                        "description": "The report, JSON or CSV."}})
+    def costs(
+        request: Request,
+        token: Caller,
+        since: Annotated[str | None, Query(alias="from", description="ISO 8601 start with a timezone (default: the start of this month, UTC).")] = None,
+        until: Annotated[str | None, Query(alias="to", description="ISO 8601 end with a timezone (default: now).")] = None,
+        group_by: Annotated[str, Query(description="Comma-separated keys: project, pool, policy, provider, region, instance_type, market, node, job, kind, day.", max_length=200)] = DEFAULT_GROUP_BY,
+        project: ProjectQuery = None,
+        pool: NameQuery = None,
+    ) -> Any:
+        """Spend from the cost ledger between ``from`` and ``to``, grouped (viewers: their
+        projects only)."""
+        from orchestrator.costs.report import CostQuery, cost_report, parse_group_by
+
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        end = parse_time(until, "to") if until is not None else now
+        start = parse_time(since, "from") if since is not None else month_start(end)
+        if since is None and start >= end:
+            start = end - timedelta(days=1)  # "to" is the first instant of a month
+        if start >= end:
+            raise invalid("from", f"{iso(start)} must be before to ({iso(end)})")
+        try:
+            keys = parse_group_by(group_by)
+        except ValueError as exc:
+            raise invalid("group_by", str(exc)) from None
+        report = cost_report(runtime.store, CostQuery(since=start, until=end, group_by=keys,
+                                                      projects=scope, pool=pool))
+        if wants_csv(request):
+            return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
+        return report.as_json()
+
+    @api.get("/budgets")
+    def budgets(
+        token: Caller,
+        project: ProjectQuery = None,
+        policy: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)] = None,
+    ) -> dict[str, Any]:
+        """Every budget of the running policies: spent, committed, remaining, forecast to the
+        window's end and grade (project tokens: their projects' budgets only)."""
+        from orchestrator.costs.budgets import budget_statuses
+
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        statuses = budget_statuses(runtime.store, list(runtime.policies.values()), now)
+        # A pool-wide budget (project None) is in no project scope: admins see it when they ask
+        # for no project in particular.
+        shown = [s for s in statuses
+                 if (policy is None or s.policy == policy)
+                 and (scope is None or s.project in scope)]
+        return {"at": iso(now), "budgets": [s.as_json() for s in shown]}
+
+    return api
+
+
+__all__ = ["month_start", "router", "wants_csv"]

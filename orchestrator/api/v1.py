@@ -1,0 +1,294 @@
+"""Read and submit routes of the API: nodes, decisions, the built-in queue, job submission.
+
+Every route needs a bearer token (:mod:`orchestrator.api.auth`) and answers only within the
+token's projects:
+
+* ``GET /v1/nodes``: burst nodes, scoped by the project whose demand launched each node; nodes of
+  no project (``min_nodes``, pre-warm) are listed to admins only.
+* ``GET /v1/decisions`` and ``/v1/decisions/{id}``: admin only. A decision is pool-level: its
+  inputs and summary carry every project's pending GPUs and the pool's spend, which a redaction
+  could not make safe without emptying it, so project tokens get 403.
+* ``GET /v1/queue``: pending and running jobs of the caller's projects, with their wait, and
+  per-pool depth and wait computed over those jobs only.
+* ``POST /v1/jobs``: a submitter (for its projects) or an admin queues a job, validated like
+  ``burst submit``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from orchestrator.api.auth import Caller, invalid, parse_projects, project_scope, require_role
+from orchestrator.api.problems import Problem
+from orchestrator.domain.jobs import JobState
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.snapshot_json import decision_to_jsonable
+from orchestrator.policy import parse_duration
+from orchestrator.store.records import JobRecord
+from orchestrator.store.tokens import PROJECT_RE, Role
+from orchestrator.wiring import Runtime
+
+# Pool, policy and provider names in queries: policies name them with lower-case letters, digits
+# and '-'; a little more is accepted so an odd name is a miss, not an error.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}$"
+NameQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)]
+ProjectQuery = Annotated[list[str] | None, Query(
+    description="Only these projects (repeat the parameter or comma-separate); a project "
+                "outside the token's scope is refused with 403.")]
+MAX_PRIORITY = 1_000_000
+MAX_GPUS = 4096
+MAX_COMMAND = 10_000
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
+
+
+class QueueState(StrEnum):
+    """The job states ``GET /v1/queue`` lists."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+
+
+# -- response and request models ------------------------------------------------------------------
+
+
+class NodeOut(BaseModel):
+    id: str
+    policy: str
+    pool: str
+    project: str | None
+    provider: str
+    offering: str
+    instance_type: str
+    market: str
+    gpus: int
+    gpus_busy: int
+    price_usd_hour: float
+    state: NodeState
+    state_since: str
+    created_at: str
+    age_s: float
+    instance_id: str | None
+
+    @classmethod
+    def of(cls, node: Node, now: datetime) -> NodeOut:
+        return cls(
+            id=node.id, policy=node.policy, pool=node.pool, project=node.project,
+            provider=node.provider, offering=node.offering_key, instance_type=node.instance_type,
+            market=str(node.market), gpus=node.gpus, gpus_busy=node.gpus_busy,
+            price_usd_hour=node.price_usd_hour, state=node.state,
+            state_since=iso(node.state_since) or "", created_at=iso(node.created_at) or "",
+            age_s=round((now - node.created_at).total_seconds(), 1), instance_id=node.instance_id,
+        )
+
+
+class NodesOut(BaseModel):
+    at: str
+    nodes: list[NodeOut]
+
+
+class JobOut(BaseModel):
+    id: str
+    project: str
+    pool: str
+    gpus: int
+    priority: int
+    duration_s: float | None
+    command: str | None
+    state: JobState
+    placement: str | None
+    node_id: str | None
+    submitted_at: str
+    started_at: str | None
+    wait_s: float = Field(description="Seconds waited: until now while pending, until the start "
+                                      "once running.")
+
+    @classmethod
+    def of(cls, job: JobRecord, now: datetime) -> JobOut:
+        return cls(
+            id=job.id, project=job.project, pool=job.pool, gpus=job.gpus, priority=job.priority,
+            duration_s=job.duration_s, command=job.command, state=job.state,
+            placement=str(job.placement) if job.placement is not None else None,
+            node_id=job.node_id, submitted_at=iso(job.submitted_at) or "",
+            started_at=iso(job.started_at), wait_s=_wait(job, now),
+        )
+
+
+class PoolQueueOut(BaseModel):
+    pool: str
+    pending_jobs: int
+    pending_gpus: int
+    running_jobs: int
+    oldest_wait_s: float
+    mean_wait_s: float
+
+
+class QueueOut(BaseModel):
+    at: str
+    pools: list[PoolQueueOut]
+    jobs: list[JobOut]
+
+
+class JobIn(BaseModel):
+    """A job for the built-in queue (the fields of ``burst submit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(pattern=PROJECT_RE.pattern, description="Project the job belongs to.")
+    gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs the job needs.")
+    duration: str = Field(max_length=32, description="Expected runtime, e.g. 10m or 1h30m.",
+                          examples=["30m"])
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                          description="Higher runs first.")
+    command: str | None = Field(default=None, max_length=MAX_COMMAND,
+                                description="Shell command (default: sleep for the duration).")
+    pool: str | None = Field(default=None, pattern=NAME_PATTERN,
+                             description="Pool (default: the first running policy's pool).")
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration(value)  # ValueError: a 422 naming body.duration
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters")
+        return value
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+def router(runtime: Runtime) -> APIRouter:
+    api = APIRouter(prefix="/v1")
+
+    @api.get("/nodes", tags=["nodes"], response_model=NodesOut)
+    def list_nodes(
+        token: Caller,
+        state: Annotated[list[NodeState] | None, Query(description="Only nodes in these states (repeatable).")] = None,
+        pool: NameQuery = None,
+        provider: NameQuery = None,
+        project: ProjectQuery = None,
+        include_terminated: bool = False,
+        limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    ) -> NodesOut:
+        """Burst nodes (newest last) of the caller's projects."""
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        found = runtime.store.nodes(states=state, include_terminated=include_terminated)
+        nodes = [n for n in found
+                 if (scope is None or n.project in scope)
+                 and (pool is None or n.pool == pool)
+                 and (provider is None or n.provider == provider)]
+        return NodesOut(at=iso(now) or "", nodes=[NodeOut.of(n, now) for n in nodes[-limit:]])
+
+    @api.get("/decisions", tags=["decisions"])
+    def list_decisions(
+        token: Caller,
+        policy: NameQuery = None,
+        since: Annotated[str | None, Query(description="ISO 8601 time with a timezone.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> list[dict[str, Any]]:
+        """The latest planner decisions, newest first (admin only)."""
+        require_role(token)
+        after = parse_time(since, "since") if since is not None else None
+        found = runtime.store.decisions(policy=policy, limit=limit)
+        # Newest first: the decisions at or after ``since`` are a prefix of the newest ``limit``.
+        return [decision_to_jsonable(d) for d in found if after is None or d.at >= after]
+
+    @api.get("/decisions/{decision_id}", tags=["decisions"])
+    def get_decision(
+        token: Caller,
+        decision_id: Annotated[str, Path(max_length=64, pattern=NAME_PATTERN)],
+    ) -> dict[str, Any]:
+        """One decision: inputs, rule, offerings weighed, actions (admin only)."""
+        require_role(token)
+        decision = runtime.store.get_decision(decision_id)
+        if decision is None:
+            raise Problem(404, "no such decision", f"no decision {decision_id!r}")
+        return decision_to_jsonable(decision)
+
+    @api.get("/queue", tags=["queue"], response_model=QueueOut)
+    def queue(
+        token: Caller,
+        pool: NameQuery = None,
+        project: ProjectQuery = None,
+        state: Annotated[list[QueueState] | None, Query(description="pending and/or running (default both).")] = None,
+        limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    ) -> QueueOut:
+        """Pending and running jobs of the built-in queue, in service order, with their wait."""
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        states = [JobState(s) for s in (state or list(QueueState))]
+        jobs = [j for j in runtime.store.jobs(states=states, pool=pool)
+                if scope is None or j.project in scope]
+        pools = sorted({j.pool for j in jobs} | ({pool} if pool else set(_pools(runtime))))
+        summary = []
+        for name in pools:
+            pending = [j for j in jobs if j.pool == name and j.state is JobState.PENDING]
+            waits = [_wait(j, now) for j in pending]
+            summary.append(PoolQueueOut(
+                pool=name, pending_jobs=len(pending), pending_gpus=sum(j.gpus for j in pending),
+                running_jobs=sum(1 for j in jobs if j.pool == name and j.state is JobState.RUNNING),
+                oldest_wait_s=max(waits, default=0.0),
+                mean_wait_s=round(sum(waits) / len(waits), 1) if waits else 0.0))
+        return QueueOut(at=iso(now) or "", pools=summary,
+                        jobs=[JobOut.of(j, now) for j in jobs[:limit]])
+
+    @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut)
+    def submit_job(token: Caller, body: JobIn) -> JobOut:
+        """Queue a job in the built-in queue (submitter of the job's project, or admin)."""
+        require_role(token, Role.SUBMITTER)
+        if not token.sees(body.project):
+            raise Problem(403, "forbidden", f"token {token.id} may not submit jobs for project "
+                                            f"{body.project}")
+        pools = _pools(runtime)
+        if not pools:
+            raise Problem(409, "no pool", "the controller runs no policy, so no pool takes jobs")
+        pool = body.pool or pools[0]
+        if pool not in pools:
+            raise invalid("pool", f"unknown pool {pool!r}; the policies define "
+                                  f"{', '.join(pools)}", where="body")
+        now = runtime.clock.now()
+        seconds = parse_duration(body.duration).total_seconds()
+        job = runtime.store.submit_job(project=body.project, pool=pool, gpus=body.gpus,
+                                       priority=body.priority, duration_s=seconds,
+                                       command=body.command, submitted_at=now)
+        return JobOut.of(job, now)
+
+    return api
+
+
+def _pools(runtime: Runtime) -> list[str]:
+    """Pools of the running policies, in policy order, each once."""
+    return list(dict.fromkeys(p.pool.name for p in runtime.policies.values()))
+
+
+def _wait(job: JobRecord, now: datetime) -> float:
+    end = job.started_at if job.started_at is not None else now
+    return round(max((end - job.submitted_at).total_seconds(), 0.0), 1)
+
+
+def parse_time(value: str, parameter: str) -> datetime:
+    """An ISO 8601 time with a timezone; a 422 naming ``parameter`` otherwise."""
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise invalid(parameter, f"not an ISO 8601 time, e.g. 2026-12-01T09:00:00Z "
+                                 f"(got {value[:60]!r})") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise invalid(parameter, f"needs a timezone, e.g. Z or +02:00 (got {value[:60]!r})")
+    return moment.astimezone(UTC)
+
+
+__all__ = ["JobIn", "JobOut", "NodeOut", "QueueOut", "iso", "parse_time", "router"]

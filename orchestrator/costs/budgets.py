@@ -1,0 +1,118 @@
+"""Budget status: where each budget of the policies stands now, for ``GET /v1/budgets`` and the CLI.
+
+The same figures the planner decides with (:mod:`orchestrator.planner.budgets`), read from the
+store instead of a snapshot: spend in the window from the cost ledger (:func:`~.spend.spend`,
+never under-counted), what live nodes have committed and not yet spent, the burn rate, and the
+grade in force. ``forecast_usd`` is spend plus the current burn for the rest of the window: what
+the window ends at if nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from orchestrator.costs.spend import burn_rate_usd_hour, spend
+from orchestrator.planner.budgets import (
+    MICRO,
+    grade_in_force,
+    in_scope,
+    outstanding_usd,
+    used_percent,
+    window_bounds,
+)
+from orchestrator.policy.models import Policy
+from orchestrator.store import Store
+
+_HOUR_S = Decimal(3600)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """One budget of one policy at one instant."""
+
+    policy: str
+    budget: str
+    project: str | None  # None: the whole pool
+    pool: str
+    window_start: datetime
+    window_end: datetime
+    limit_usd: Decimal
+    spent_usd: Decimal  # in the window so far
+    committed_usd: Decimal  # committed by live nodes at launch and not yet spent
+    remaining_usd: Decimal  # limit - spent - committed (negative when over)
+    burn_usd_hour: Decimal  # hourly prices of the scope's live nodes
+    max_hourly_burn_usd: Decimal | None
+    forecast_usd: Decimal  # spent + burn x the time left in the window
+    used_fraction: float  # (spent + committed) / limit; inf for a zero limit once used
+    grade: str | None  # the action of the grade in force (warn, spot-only, ...), or None
+
+    @property
+    def key(self) -> str:
+        return f"{self.policy}/{self.budget}"
+
+    def as_json(self) -> dict[str, Any]:
+        """JSON-ready form: money as strings of exact decimals, times ISO 8601 UTC."""
+        def money(value: Decimal | None) -> str | None:
+            return None if value is None else format(value.quantize(MICRO), "f")
+
+        return {
+            "policy": self.policy,
+            "budget": self.budget,
+            "project": self.project,
+            "pool": self.pool,
+            "window_start": _iso(self.window_start),
+            "window_end": _iso(self.window_end),
+            "limit_usd": money(self.limit_usd),
+            "spent_usd": money(self.spent_usd),
+            "committed_usd": money(self.committed_usd),
+            "remaining_usd": money(self.remaining_usd),
+            "burn_usd_hour": money(self.burn_usd_hour),
+            "max_hourly_burn_usd": money(self.max_hourly_burn_usd),
+            "forecast_usd": money(self.forecast_usd),
+            "used_fraction": (None if self.used_fraction == float("inf")
+                              else round(self.used_fraction, 6)),
+            "grade": self.grade,
+        }
+
+
+def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> list[BudgetStatus]:
+    """Status of every budget of ``policies`` at ``now``, in policy then budget order."""
+    policies = list(policies)
+    if not any(p.budgets for p in policies):
+        return []
+    live = store.nodes()  # every node not terminated, of any policy (budgets cover a pool)
+    out = []
+    for policy in policies:
+        pool = policy.pool.name
+        for budget in policy.budgets:
+            start, end = window_bounds(budget, now)
+            spent = spend(store, since=start, until=end, now=now, pool=pool, project=budget.project)
+            burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
+            committed = sum((outstanding_usd(n, now) for n in live
+                             if in_scope(budget, pool, n.pool, n.project)), Decimal(0))
+            used = spent + committed
+            left_s = max(Decimal(str((end - max(now, start)).total_seconds())), Decimal(0))
+            percent = used_percent(used, budget.limit_usd)
+            grade = grade_in_force(budget.grades, percent)
+            out.append(BudgetStatus(
+                policy=policy.name, budget=budget.name, project=budget.project, pool=pool,
+                window_start=start, window_end=end, limit_usd=budget.limit_usd,
+                spent_usd=spent, committed_usd=committed.quantize(MICRO),
+                remaining_usd=(budget.limit_usd - used).quantize(MICRO),
+                burn_usd_hour=burn, max_hourly_burn_usd=budget.max_hourly_burn_usd,
+                forecast_usd=(spent + burn * left_s / _HOUR_S).quantize(MICRO),
+                used_fraction=float(percent / 100),
+                grade=str(grade.action) if grade is not None else None,
+            ))
+    return out
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+__all__ = ["BudgetStatus", "budget_statuses"]

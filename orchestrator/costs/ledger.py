@@ -1,0 +1,184 @@
+"""The roll-up: writes the cost ledger from node lifecycle events, job runs and captured prices.
+
+``roll_up(store, policies, now)`` brings every subject (each burst node, and each pool's on-prem
+work) up to ``now``:
+
+* Buckets before a subject's mark (``ledger_marks.final_through``) are final: never recomputed.
+* Buckets from the mark to ``now`` are computed afresh and replace what the ledger holds for
+  them, in one transaction per subject; the open bucket's lines are provisional (``final``
+  false) and replaced on every run.
+* A bucket becomes final once it has been closed for :data:`SETTLE` (late job reports still land
+  in it), or at once for a node whose termination is confirmed: its lines are then final through
+  its end, and it is never looked at again.
+* Idempotent: a second run at the same ``now`` writes nothing (the store compares first); two
+  runs at once converge (lines are upserted on their unique key; a mark never moves back).
+
+Nodes get lines from their own row (price captured at launch, project, offering, GPUs), whether
+their policy is still loaded or not. The billing rule comes from the provider's offering
+(``billing``, by offering key) and defaults to per second with a one-minute minimum (AWS and GCP
+Linux instances). Loaded policies give each pool's on-prem rate (``pool.onprem.gpu_hour_usd``):
+on-prem lines are written for pools that set it, and burst usage lines carry its equivalent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from orchestrator.costs.attribution import (
+    NodeBilling,
+    hour_ceil,
+    hour_floor,
+    node_lines,
+    onprem_lines,
+)
+from orchestrator.domain.costs import JobUsage
+from orchestrator.domain.offerings import BillingRule, Offering
+from orchestrator.policy.models import Policy
+from orchestrator.store import Store
+from orchestrator.store.base import require_aware
+from orchestrator.store.ledger import ONPREM_SUBJECT, LedgerNode
+
+log = logging.getLogger(__name__)
+
+SETTLE = timedelta(minutes=5)  # a closed bucket stays provisional this long (late job reports)
+# Where a subject without a mark is rewritten from: nothing of it is final, so all of it.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum
+
+
+@dataclass(frozen=True, slots=True)
+class RollupResult:
+    """What one roll-up did: subjects whose lines changed, lines written and deleted, and the
+    subjects it had to skip (with why)."""
+
+    nodes: int = 0
+    pools: int = 0
+    lines_written: int = 0
+    lines_deleted: int = 0
+    skipped: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_json(self) -> dict:
+        return {"nodes": self.nodes, "pools": self.pools, "lines_written": self.lines_written,
+                "lines_deleted": self.lines_deleted, "skipped": list(self.skipped)}
+
+
+def billing_rules(offerings: Iterable[Offering]) -> dict[str, BillingRule]:
+    """Offering key -> the provider's billing rule, from a provider catalogue."""
+    return {o.key: o.billing for o in offerings}
+
+
+def onprem_rates(policies: Iterable[Policy]) -> dict[str, tuple[str, Decimal]]:
+    """Pool -> (policy, on-prem USD per GPU-hour) for pools whose policy sets one (the first
+    policy by name, should several burst one pool)."""
+    rates: dict[str, tuple[str, Decimal]] = {}
+    for policy in sorted(policies, key=lambda p: p.name):
+        usd = policy.pool.onprem.gpu_hour_usd
+        if usd is not None and policy.pool.name not in rates:
+            rates[policy.pool.name] = (policy.name, Decimal(usd))
+    return rates
+
+
+def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now: datetime, *,
+            billing: Mapping[str, BillingRule] | None = None,
+            only_policies: Collection[str] | None = None,
+            settle: timedelta = SETTLE) -> RollupResult:
+    """Bring the ledger up to ``now`` (see the module docstring). ``only_policies``: roll up only
+    the nodes of these policies and the on-prem work of their pools (a policy's tick)."""
+    require_aware(now, "now")
+    loaded = list(policies.values() if isinstance(policies, Mapping) else policies)
+    rates = onprem_rates(loaded)
+    billing = billing or {}
+    nodes = pools = written = deleted = 0
+    skipped: list[str] = []
+
+    candidates = store.ledger_candidates(only_policies)
+    launched = [n for n in candidates if n.launched is not None]
+    usages: dict[str, list[JobUsage]] = {}
+    for node in candidates:
+        if node.launched is None and node.state.is_terminal:
+            # Never launched (the provider refused, or it failed first): it cost nothing.
+            store.set_ledger_mark(node.node_id, node.state_since, now)
+    if launched:
+        since = min(n.mark or n.launched for n in launched)  # type: ignore[type-var]
+        usages = store.burst_job_usages([n.node_id for n in launched], since)
+    for node in launched:
+        try:
+            w, d = _roll_node(store, node, usages.get(node.node_id, []), rates, billing, now,
+                              settle)
+        except ValueError as exc:
+            # Bad data in one node (a negative price) must not stop the ledger of every other.
+            log.warning("cost roll-up skipped node %s: %s", node.node_id, exc)
+            skipped.append(f"{node.node_id}: {exc}")
+            continue
+        nodes += bool(w or d)
+        written += w
+        deleted += d
+
+    wanted = set(rates)
+    if only_policies is not None:
+        wanted &= {p.pool.name for p in loaded if p.name in only_policies}
+    if wanted:
+        marks = store.ledger_marks([ONPREM_SUBJECT + pool for pool in wanted])
+        pool_marks = {pool: marks.get(ONPREM_SUBJECT + pool) for pool in wanted}
+        known = [m for m in pool_marks.values() if m is not None]
+        since = min(known) if len(known) == len(wanted) else None
+        jobs = store.onprem_job_usages(wanted, since)
+        for pool in sorted(wanted):
+            policy, usd = rates[pool]
+            mark = pool_marks[pool]
+            runs = [j for j in jobs.get(pool, []) if mark is None or j.end is None or j.end > mark]
+            if mark is None and not runs:
+                continue  # no on-prem work yet: nothing to mark from
+            start = mark or min(hour_floor(j.start) for j in runs)
+            final = max(hour_floor(now - settle), start)
+            lines = onprem_lines(pool, policy, usd, runs, start=start, until=now,
+                                 final_through=final)
+            w, d = store.write_ledger(ONPREM_SUBJECT + pool, lines, since=mark or _EPOCH,
+                                      mark=final if final > start else None, at=now)
+            pools += bool(w or d)
+            written += w
+            deleted += d
+    return RollupResult(nodes, pools, written, deleted, tuple(skipped))
+
+
+def _roll_node(store: Store, node: LedgerNode, jobs: list[JobUsage],
+               rates: Mapping[str, tuple[str, Decimal]], billing: Mapping[str, BillingRule],
+               now: datetime, settle: timedelta) -> tuple[int, int]:
+    assert node.launched is not None
+    if node.ended is None and node.state.is_terminal:
+        node = replace(node, ended=node.state_since)  # terminated without its event: trust the row
+    billed = _billing(node, rates, billing)
+    start = node.mark or hour_floor(node.launched)
+    if node.ended is not None:
+        until = node.ended
+        final = max(hour_ceil(node.ended), node.state_since)  # done: final through its end
+    else:
+        until = max(now, node.launched)
+        final = hour_floor(now - settle)
+    if until < start or (until == start and node.mark is not None):
+        # The ledger is final past its end already: only the mark may have to catch up.
+        return store.write_ledger(node.node_id, [], since=start, mark=final, at=now)
+    lines = node_lines(billed, jobs, start=start, until=until, final_through=final)
+    return store.write_ledger(node.node_id, lines, since=node.mark or _EPOCH,
+                              mark=final if final > start else None, at=now)
+
+
+def _billing(node: LedgerNode, rates: Mapping[str, tuple[str, Decimal]],
+             billing: Mapping[str, BillingRule]) -> NodeBilling:
+    parts = node.offering_key.split("/")
+    region = parts[1] if len(parts) == 5 and parts[1] else "-"
+    onprem = rates.get(node.pool)
+    return NodeBilling(
+        node_id=node.node_id, policy=node.policy, pool=node.pool, provider=node.provider,
+        region=region, instance_type=node.instance_type, market=node.market,
+        project=node.project, gpus=node.gpus, price_usd_hour=node.price_usd_hour,
+        launched=node.launched,  # type: ignore[arg-type]
+        ended=node.ended, rule=billing.get(node.offering_key, DEFAULT_BILLING),
+        onprem_gpu_hour_usd=onprem[1] if onprem else None)
+
+
+__all__ = ["DEFAULT_BILLING", "SETTLE", "RollupResult", "billing_rules", "onprem_rates", "roll_up"]

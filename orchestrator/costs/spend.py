@@ -1,0 +1,57 @@
+"""Spend for budgets: what burst nodes cost in a window, never under-counted, and the burn rate.
+
+:func:`spend` is the ledger's burst lines in the window plus the live accrual of every node the
+roll-up has not reached yet (each node's captured price times the time between where its lines
+stop and now, or its confirmed termination), so a budget check between two roll-ups still sees
+every dollar. A node not rolled up at all also counts its billing minimum (one minute, the
+default rule), so a node launched a second ago already counts what it will at least cost.
+
+Pool and project filters select lines by their own pool and project (a shared node's usage lines
+belong to the projects of its jobs); accrual, which has no jobs yet, goes to the project the node
+was launched for.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
+from orchestrator.costs.ledger import DEFAULT_BILLING
+from orchestrator.store import Store
+from orchestrator.store.base import require_aware
+
+_MICROS = Decimal(1_000_000)
+
+
+def spend(store: Store, *, since: datetime, until: datetime, now: datetime,
+          pool: str | None = None, project: str | None = None) -> Decimal:
+    """USD of burst (not on-prem) cost lines whose bucket starts in [since, until), filtered by
+    ``pool`` and ``project``, plus the live accrual of nodes the roll-up has not caught up with
+    (up to ``now``, inside the window). Exact to the micro-dollar."""
+    for name, moment in (("since", since), ("until", until), ("now", now)):
+        require_aware(moment, name)
+    if since >= until:
+        raise ValueError(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
+    total = store.ledger_cost_micros(since=since, until=until, pool=pool, project=project)
+    for node in store.ledger_accrual_nodes(pool=pool, project=project):
+        end = min(node.ended or now, now, until)
+        start = max(node.covered_through or node.launched, since)
+        if end <= start:
+            continue
+        span = micros(start, end)
+        if node.covered_through is None and start == node.launched:
+            span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum too
+        total += usd_micros(rate(node.price_usd_hour), span)
+    return Decimal(total) / _MICROS
+
+
+def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | None = None
+                       ) -> Decimal:
+    """USD per hour of the nodes not yet terminated (each at its price captured at launch), of
+    ``pool`` and launched for ``project`` when given."""
+    prices = store.live_node_prices(pool=pool, project=project)
+    return sum((Decimal(str(p)) for p in prices), Decimal(0))
+
+
+__all__ = ["burn_rate_usd_hour", "spend"]

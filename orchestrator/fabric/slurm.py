@@ -1,0 +1,214 @@
+"""The Slurm fabric, controller side: burst nodes become Slurm nodes and drain out of Slurm.
+
+Joining (driven by the node agent, see :mod:`orchestrator.fabric.slurm_node`): at registration
+the controller gives the node its Slurm identity (:meth:`SlurmFabric.join_spec`):
+
+* ``join: slot``: a pre-declared ``State=FUTURE`` node of slurm.conf, claimed race-free through
+  the store (:mod:`orchestrator.store.slots`); the agent runs ``slurmd -D -N burst-k``.
+* ``join: dynamic`` (production default): the node registers itself with ``slurmd -D -Z -N <node
+  id> --conf "Gres=gpu:N Feature=burst"``; Slurm 22.05 allows one dynamic node per host.
+
+The agent reports ``joined`` once slurmd runs; the controller believes it only when Slurm shows
+the node usable (:meth:`confirm_joined`), and then the node is ``ready``.
+
+Draining is checkpoint-aware: :meth:`request_release` drains the node in Slurm at once (no new
+job lands on it), and the agent then signals its jobs to checkpoint, requeues them, waits until
+the node runs nothing (or the deadline), stops slurmd, returns the slot to FUTURE or deletes the
+dynamic node, and reports ``released``. :meth:`node_gone` is the backstop for a node that goes
+without finishing that (agent dead, deadline passed, instance vanished): it requeues whatever
+Slurm still runs there, takes the node out of Slurm and frees its name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from orchestrator.domain.nodes import Node
+from orchestrator.policy.fabric import SlurmJoinMode
+from orchestrator.policy.models import Policy
+from orchestrator.sources.slurm_cli import (
+    UNUSABLE_NODE_FLAGS,
+    USABLE_NODE_STATES,
+    SlurmCli,
+    SlurmError,
+)
+from orchestrator.store import Store
+from orchestrator.store.slots import SLOT
+
+log = logging.getLogger(__name__)
+
+CLEANUP_PATIENCE_S = 10.0  # how long node_gone retries taking a busy node out of Slurm
+
+
+class FabricJoinError(Exception):
+    """The node cannot join the fabric (no free slot, Slurm unreachable); the message says why."""
+
+
+def slurm_scope(policy: Policy) -> str:
+    """Names are unique per Slurm cluster: pools of one cluster share its slots."""
+    conf = policy.queue.slurm_conf or ""
+    return f"slurm:{hashlib.sha256(conf.encode()).hexdigest()[:16]}"
+
+
+def dynamic_name(node_id: str) -> str:
+    """A dynamic node is named after the burst node (Slurm names: letters, digits, - _ .)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", node_id)
+
+
+class SlurmFabric:
+    """Fabric port for policies whose fabric is Slurm (see the module docstring)."""
+
+    name = "slurm"
+
+    def __init__(self, store: Store, policies: Mapping[str, Policy], clock: Any,
+                 cli_factory: Callable[[str | None], SlurmCli] = SlurmCli):
+        self.store = store
+        self.policies = dict(policies)
+        self.clock = clock
+        self._cli_factory = cli_factory
+        self._clis: dict[str | None, SlurmCli] = {}
+
+    def cli(self, policy: Policy) -> SlurmCli:
+        conf = policy.queue.slurm_conf
+        if conf not in self._clis:
+            self._clis[conf] = self._cli_factory(conf)
+        return self._clis[conf]
+
+    def _policy(self, node: Node) -> Policy:
+        policy = self.policies.get(node.policy)
+        if policy is None:
+            raise FabricJoinError(f"node {node.id}: policy {node.policy} has no Slurm fabric here")
+        return policy
+
+    # -- joining -----------------------------------------------------------------------------
+    def join_spec(self, node: Node, gpus: int) -> dict[str, Any]:
+        """The Slurm identity and drain settings handed to the node's agent at registration."""
+        policy = self._policy(node)
+        config = policy.fabric.slurm
+        scope = slurm_scope(policy)
+        now = self.clock.now()
+        if config.join is SlurmJoinMode.SLOT:
+            self.store.seed_fabric_slots(scope, config.slot_names())
+            member = self.store.claim_fabric_slot(scope, node.id, now)
+            if member is None:
+                raise FabricJoinError(
+                    f"every Slurm slot of policy {policy.name} is taken "
+                    f"({', '.join(config.slot_names())}); raise fabric.slurm.slots or lower "
+                    "limits.max_nodes")
+        else:
+            try:
+                member = self.store.add_fabric_member(scope, dynamic_name(node.id), node.id, now)
+            except ValueError as exc:
+                raise FabricJoinError(str(exc)) from None
+        return {
+            "kind": "slurm",
+            "mode": str(config.join),
+            "node_name": member.name,
+            "feature": config.feature,
+            "gpus": gpus,
+            "slurm_conf": policy.queue.slurm_conf,
+            "checkpoint_signal": config.checkpoint_signal,
+            "signal_batch_only": config.signal_batch_only,
+            "checkpoint_wait_s": config.checkpoint_wait.total_seconds(),
+            "respect_running_jobs": policy.scale_down.respect_running_jobs,
+        }
+
+    def confirm_joined(self, node: Node) -> bool:
+        """True when Slurm shows the node's name up and able to take work."""
+        member = self.store.fabric_member(node.id)
+        if member is None:
+            return False
+        try:
+            state = self.cli(self._policy(node)).node_state(member.name)
+        except SlurmError as exc:
+            log.warning("node %s: cannot check its Slurm state: %s", node.id, exc)
+            return False
+        return (state is not None and state[0] in USABLE_NODE_STATES
+                and not (state[1] & UNUSABLE_NODE_FLAGS))
+
+    def slurm_name(self, node: Node) -> str | None:
+        member = self.store.fabric_member(node.id)
+        return None if member is None else member.name
+
+    # -- Fabric port ---------------------------------------------------------------------------
+    def request_release(self, node: Node, deadline: datetime) -> None:
+        """Drain the node in Slurm now; its agent does the checkpoint-and-requeue."""
+        member = self.store.fabric_member(node.id)
+        if member is None:
+            return
+        try:
+            self.cli(self._policy(node)).drain(
+                member.name, f"burst drain until {deadline.strftime('%H:%M:%S')}")
+        except (SlurmError, FabricJoinError) as exc:
+            # The agent drains too; a node not in Slurm yet has nothing to drain.
+            log.warning("node %s: Slurm drain of %s failed: %s", node.id, member.name, exc)
+
+    def is_released(self, node: Node) -> bool:
+        return node.released
+
+    def node_gone(self, node: Node, at: datetime) -> int:
+        """Requeue what Slurm still runs on the node, take it out of Slurm, free its name.
+        Returns how many jobs were requeued."""
+        member = self.store.fabric_member(node.id)
+        if member is None:
+            return 0
+        policy = self.policies.get(node.policy)
+        if policy is None:
+            self.store.release_fabric_member(node.id)
+            return 0
+        cli = self.cli(policy)
+        requeued: list[str] = []
+        try:
+            state = cli.node_state(member.name)
+            if state is not None and state[0] != "future":
+                cli.drain(member.name, "burst: node gone")
+                for job in cli.live_jobs_on(member.name):
+                    try:
+                        cli.requeue(job["job_id"])
+                        requeued.append(str(job["job_id"]))
+                    except SlurmError as exc:
+                        log.warning("job %s on %s: requeue failed: %s", job.get("job_id"),
+                                    member.name, exc)
+                self._remove(cli, member.name, member.kind)
+                self._lift_holds(cli, requeued)
+        except SlurmError as exc:
+            log.warning("node %s: Slurm clean-up of %s incomplete: %s", node.id, member.name, exc)
+        self.store.release_fabric_member(node.id)
+        if requeued:
+            log.info("node %s gone: Slurm job(s) %s requeued from %s", node.id,
+                     ", ".join(requeued), member.name)
+        return len(requeued)
+
+    @staticmethod
+    def _lift_holds(cli: SlurmCli, job_ids: list[str]) -> None:
+        """Requeued jobs may start again at once rather than after Slurm's ~2 minute hold."""
+        left = set(job_ids)
+        end = time.monotonic() + CLEANUP_PATIENCE_S
+        while left and time.monotonic() < end:
+            for job in cli.jobs():
+                if str(job["job_id"]) in left and cli.lift_hold(job):
+                    left.discard(str(job["job_id"]))
+            if left:
+                time.sleep(0.3)
+
+    @staticmethod
+    def _remove(cli: SlurmCli, name: str, kind: str) -> None:
+        """Slot back to FUTURE, or dynamic node deleted; retried while jobs finish leaving."""
+        end = time.monotonic() + CLEANUP_PATIENCE_S
+        while True:
+            try:
+                if kind == SLOT:
+                    cli.set_future(name)
+                else:
+                    cli.delete_node(name)
+                return
+            except SlurmError:
+                if time.monotonic() >= end:
+                    raise
+                time.sleep(0.5)

@@ -1,0 +1,67 @@
+"""The clairvoyant reference: knows every arrival and duration in advance.
+
+Pinned definition (``docs/simulator.md``): walk the jobs in submit order, keeping an on-prem
+schedule of the jobs kept on-prem; a job stays on-prem if its start in that schedule is within the
+SLO, otherwise it runs in the cloud with zero boot delay, billed per GPU-second at the cheapest
+fitting offering's per-GPU price.
+
+The on-prem schedule is a profile of GPUs in use over time, on a grid of ``resolution_s``
+(60 s): a kept job starts at the earliest grid time (its submit time if it fits at once) from
+which the profile has room for its GPUs for its whole duration, and is added to the profile. The
+profile pools the on-prem GPUs (no node fragmentation), which, with zero boot delay and no idle
+cloud time, makes this a near-limit reference for what any policy can reach, not a proof of
+optimality: a smarter choice of which jobs to keep could do better still.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.sim.traces import TraceJob
+
+RESOLUTION_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the clairvoyant put one job, and its wait."""
+
+    cloud: bool
+    wait_s: float
+
+
+def clairvoyant(jobs: tuple[TraceJob, ...], onprem_gpus: int, slo_s: float,
+                resolution_s: int = RESOLUTION_S) -> list[Placement]:
+    """Placements of ``jobs`` (in submit order, as given) for an on-prem pool of ``onprem_gpus``."""
+    if not jobs:
+        return []
+    res = float(resolution_s)
+    end = max(j.submit_s + slo_s + j.duration_s for j in jobs)
+    used = np.zeros(int(end // res) + 3, dtype=np.int32)
+    placements: list[Placement] = []
+    for job in jobs:
+        room = onprem_gpus - job.gpus
+        if room < 0:
+            placements.append(Placement(True, 0.0))  # wider than the whole pool
+            continue
+        first = int(job.submit_s // res)
+        last = int((job.submit_s + slo_s) // res)
+        slot = first
+        placed = False
+        while slot <= last:
+            start = job.submit_s if slot == first else slot * res
+            stop = int(math.ceil((start + max(job.duration_s, 1e-9)) / res))
+            window = used[slot:stop]
+            over = np.flatnonzero(window > room)
+            if over.size == 0:
+                window += job.gpus
+                placements.append(Placement(False, start - job.submit_s))
+                placed = True
+                break
+            slot += int(over[-1]) + 1
+        if not placed:
+            placements.append(Placement(True, 0.0))
+    return placements

@@ -1,0 +1,249 @@
+"""Who decides about burst nodes in a run: a policy (through the production planner) or a
+baseline whose rule is pinned in ``docs/simulator.md``.
+
+* :class:`PolicyController` runs the production tick at every tick of virtual time: a Snapshot
+  built as :mod:`orchestrator.observe` builds it, ``plan()`` with the policy as the user wrote it
+  (offerings relabelled to the sim provider), the production executor, and a re-plan within the
+  tick after a capacity error, as :mod:`orchestrator.loop` does. The planner's memory is carried
+  from tick to tick through the (in-memory) store, as in production. No decision is made here.
+* :class:`NeverController` (``never``): on-prem only.
+* :class:`GreedyController` (``greedy``, what pending-pod autoscalers do): a job still pending 30 s
+  after arrival goes to an idle cloud node that fits it, else new nodes are launched for it; small
+  jobs share a node up to its GPU count, a job larger than a node takes whole nodes; a node is
+  removed after 10 idle minutes.
+* :class:`ThresholdController` (``threshold``): bursts when pending GPUs minus free on-prem GPUs
+  exceed N, launching nodes for every pending job that burst capacity cannot hold; same
+  scale-down as greedy.
+
+Baselines launch the cheapest offering per GPU-hour among the policy's (the reference policy's)
+usable offerings, through the same executor and sim provider as the policy runs: same boot
+times, billing, capacity errors and interruptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from time import perf_counter
+
+from orchestrator.domain.nodes import NodeState
+from orchestrator.domain.offerings import Offering
+from orchestrator.domain.plan import ActionReason, Hold, Launch, Terminate
+from orchestrator.domain.snapshot import PolicyMemory, Snapshot
+from orchestrator.planner import plan as make_plan
+from orchestrator.planner.offerings import resolve_candidates
+from orchestrator.policy.models import Policy
+from orchestrator.sim.pool import GpuPool
+from orchestrator.sim.spend import SpendMeter
+from orchestrator.sim.world import SimJob, at, seconds
+
+MAX_REPLANS = 2  # re-plans within one tick after capacity errors, as orchestrator.loop.MAX_REPLANS
+GREEDY_WAIT_S = 30.0
+IDLE_S = 600.0
+RETRY_S = 60.0  # a baseline whose launches all failed tries again this much later
+DEFAULT_THRESHOLD = 64
+
+
+class Controller:
+    """The interface the engine drives; the hooks default to doing nothing."""
+
+    name = "controller"
+    kind = "baseline"
+    periodic = False  # True: act at every tick of virtual time
+    min_wait_s = 0.0  # a job may run on burst nodes only after pending this long
+
+    def bind(self, engine) -> None:
+        self.engine = engine
+
+    def act(self, now: float) -> None:
+        return None
+
+    def on_arrival(self, job: SimJob, now: float) -> None:
+        return None
+
+    def on_eligible(self, job: SimJob, now: float) -> None:
+        return None
+
+    def on_idle(self, node_id: str, now: float) -> None:
+        return None
+
+    def on_requeue(self, now: float) -> None:
+        return None
+
+
+class PolicyController(Controller):
+    """The production planner at every tick (see the module docstring)."""
+
+    kind = "policy"
+    periodic = True
+
+    def __init__(self, policy: Policy, name: str, *, sleep_when_idle: bool = True):
+        self.policy = policy
+        self.name = name
+        self.sleep_when_idle = sleep_when_idle  # False: plan every tick even in an empty world
+        self._quiet = False
+
+    def bind(self, engine) -> None:
+        super().bind(engine)
+        self.catalogue = tuple(engine.provider.offerings())
+        self.meter = SpendMeter(self.policy, engine.store)
+
+    def snapshot(self, now: float) -> Snapshot:
+        engine = self.engine
+        moment = at(now)
+        store = engine.store
+        return Snapshot(
+            taken_at=moment,
+            queues={self.policy.pool.name: engine.world.queue()},
+            nodes=store.live_nodes(),
+            offerings=self.catalogue,
+            capacity_blocks=tuple(store.capacity_blocks(moment)) if store.has_blocks(moment) else (),
+            memory=store.load_memory(),
+            budget_spend=self.meter.observe(moment),
+        )
+
+    def act(self, now: float) -> None:
+        engine = self.engine
+        quiet = engine.world.quiescent()
+        if quiet and self._quiet:
+            # Nothing pending, no node, and the last plan of this same empty world did nothing:
+            # plan() is a pure function of it, so it would do nothing again. Sleep until work comes.
+            engine.next_tick = None
+            return
+        name = self.policy.name
+        before = engine.store.load_memory().get(name)
+        acted = False
+        for _ in range(1 + MAX_REPLANS):
+            snapshot = self.snapshot(now)
+            began = perf_counter()
+            plan = make_plan(snapshot, [self.policy], snapshot.taken_at)
+            engine.counters.plan_wall_s += perf_counter() - began
+            engine.counters.plans += 1
+            report = engine.executor.execute(plan)
+            engine.settle(report)
+            acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
+            if not report.capacity_errors:
+                break
+            if not report.launched:
+                # As the loop does: failed launches must not start the scale-up cooldown.
+                previous = snapshot.memory.get(name)
+                engine.store.save_memory(name, replace(
+                    plan.memory[name], last_launch_at=previous.last_launch_at if previous else None))
+        after = engine.store.load_memory().get(name) or PolicyMemory()
+        self._quiet = (self.sleep_when_idle and quiet and not acted
+                       and after == (before or PolicyMemory()))
+        if self._quiet:
+            engine.next_tick = None
+
+
+class NeverController(Controller):
+    """``never``: on-prem only."""
+
+    name = "never"
+
+
+class _Bursting(Controller):
+    """What greedy and threshold share: the offering, packing, and 10-idle-minute scale-down."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self._launched = 0
+
+    def offering(self, now: float) -> Offering | None:
+        """The cheapest usable offering per GPU-hour (capacity-blocked ones are skipped)."""
+        store = self.engine.store
+        moment = at(now)
+        candidates, _ = resolve_candidates(self.policy, tuple(self.engine.provider.offerings()),
+                                           tuple(store.capacity_blocks(moment)), moment)
+        if not candidates:
+            return None
+        return min((c.offering for c in candidates),
+                   key=lambda o: (o.price_per_gpu_hour, o.price_usd_hour, o.key))
+
+    def on_idle(self, node_id: str, now: float) -> None:
+        self.engine.wake(now + IDLE_S)
+
+    def on_requeue(self, now: float) -> None:
+        self.engine.wake(now)
+
+    def scale_down(self, now: float) -> list:
+        actions = []
+        for node in self.engine.store.live_nodes():
+            if (node.state is NodeState.READY and node.running_jobs == 0
+                    and node.idle_since is not None
+                    and now - seconds(node.idle_since) >= IDLE_S - 1e-6):
+                actions.append(Terminate(node.id, ActionReason.IDLE))
+        return actions
+
+    def scale_up(self, jobs: list[SimJob], now: float) -> list:
+        """Launches for the jobs that burst nodes in flight cannot hold: small jobs share a node
+        up to its GPU count (first fit, in the order given), a wider job takes whole nodes."""
+        if not jobs:
+            return []
+        offering = self.offering(now)
+        if offering is None:
+            self.engine.wake(now + RETRY_S)
+            return []
+        bins = GpuPool()
+        for index, node in enumerate(self.engine.store.live_nodes()):
+            if node.state.in_flight:
+                bins.add_node(index, node.gpus)
+        projects: list[str] = []  # the project whose job each new node is launched for
+        base = 1 << 30
+        for job in jobs:
+            while not bins.fits(job.gpus):
+                bins.add_node(base + len(projects), offering.gpus)
+                projects.append(job.domain.project)
+                if job.gpus > offering.gpus and bins.max_size > offering.gpus:
+                    break  # in-flight nodes larger than ours: whole nodes of ours never fit it
+            bins.place(job.gpus)
+        launches = []
+        for project in projects:
+            self._launched += 1
+            node_id = f"{self.name}-{self._launched:07d}"
+            launches.append(Launch(policy=self.policy.name, pool=self.policy.pool.name,
+                                   node_id=node_id, request_id=f"r-{node_id}", offering=offering,
+                                   reason=ActionReason.DEMAND, project=project))
+        return launches
+
+    def run(self, actions: list, now: float) -> None:
+        if not actions:
+            return
+        report = self.engine.execute(actions)
+        if report.capacity_errors:
+            self.engine.wake(now)  # the next offering, in the same instant (as a re-plan)
+
+
+class GreedyController(_Bursting):
+    """``greedy`` (see the module docstring)."""
+
+    name = "greedy"
+    min_wait_s = GREEDY_WAIT_S
+
+    def on_eligible(self, job: SimJob, now: float) -> None:
+        self.engine.wake(now)
+
+    def act(self, now: float) -> None:
+        world = self.engine.world
+        waiting = sorted((j for j in world.pending.values() if j.eligible), key=lambda j: j.index)
+        self.run(self.scale_down(now) + self.scale_up(waiting, now), now)
+
+
+class ThresholdController(_Bursting):
+    """``threshold`` (see the module docstring)."""
+
+    name = "threshold"
+
+    def __init__(self, policy: Policy, threshold: int = DEFAULT_THRESHOLD):
+        super().__init__(policy)
+        self.threshold = threshold
+
+    def on_arrival(self, job: SimJob, now: float) -> None:
+        self.engine.wake(now)
+
+    def act(self, now: float) -> None:
+        world = self.engine.world
+        actions = self.scale_down(now)
+        if world.pending_gpus - world.onprem.free_total > self.threshold:
+            waiting = sorted(world.pending.values(), key=lambda j: j.key)
+            actions += self.scale_up(waiting, now)
+        self.run(actions, now)

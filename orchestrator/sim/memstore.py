@@ -1,0 +1,149 @@
+"""An in-memory stand-in for the store, holding what the executor writes during a simulation.
+
+The simulator drives the production :class:`~orchestrator.executor.Executor` (intent before every
+provider call, outcome after, capacity errors into the negative-capacity cache, failures through
+the lifecycle gate). The executor needs a store; a SQL store would make a 69k-job replay take
+hours, so this class keeps the same records in dictionaries with the same semantics: node writes
+are compare-and-set on the version, transitions are checked against the lifecycle table, a
+duplicate launch intent is refused, decisions are counted by rule (a replay makes tens of
+thousands; the last few are kept for inspection).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.plan import Decision
+from orchestrator.domain.snapshot import CapacityBlock, PolicyMemory
+from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
+
+_NOT_UPDATABLE = frozenset({"id", "state", "state_since", "version"})
+
+
+class SimStore:
+    """The executor-facing part of the store, in memory (see the module docstring)."""
+
+    def __init__(self, keep_decisions: int = 20):
+        self._nodes: dict[str, Node] = {}
+        self._live: dict[str, Node] = {}  # not terminated, in creation order
+        self._by_request: dict[str, str] = {}
+        self._memory: dict[str, PolicyMemory] = {}
+        self._blocks: list[CapacityBlock] = []
+        self.decisions: deque[Decision] = deque(maxlen=keep_decisions)
+        self.rules: Counter[str] = Counter()
+        self.held_back: Counter[str] = Counter()  # limit -> decisions it held launches back in
+        self.events = 0
+        self.terminated_log: list[str] = []  # node ids in the order they were terminated
+        self.version = 0  # bumped on every node change (lets the snapshot cache its node tuple)
+        self._live_tuple: tuple[Node, ...] | None = ()
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def add_node(self, node: Node, event: NodeEvent) -> bool:
+        if event.node_id != node.id or event.to_state != node.state:
+            raise ValueError(f"event {event.from_state}->{event.to_state} does not create node "
+                             f"{node.id} in {node.state}")
+        if node.id in self._nodes or node.request_id in self._by_request:
+            return False
+        self._nodes[node.id] = node
+        self._by_request[node.request_id] = node.id
+        self._put(node)
+        self.events += 1
+        return True
+
+    def get_node(self, node_id: str) -> Node | None:
+        return self._nodes.get(node_id)
+
+    def node_by_request(self, request_id: str) -> Node | None:
+        node_id = self._by_request.get(request_id)
+        return self._nodes.get(node_id) if node_id is not None else None
+
+    def nodes(self, include_terminated: bool = False) -> list[Node]:
+        return list(self._nodes.values() if include_terminated else self._live.values())
+
+    def live_nodes(self) -> tuple[Node, ...]:
+        """Nodes not terminated, in creation order (cached between changes)."""
+        if self._live_tuple is None:
+            self._live_tuple = tuple(self._live.values())
+        return self._live_tuple
+
+    def save_transition(self, old: Node, new: Node, event: NodeEvent) -> bool:
+        if new.id != old.id or event.node_id != old.id or new.version != old.version + 1:
+            raise ValueError(f"transition of {old.id}: node/event/version do not match")
+        if event.from_state != old.state or event.to_state != new.state:
+            raise ValueError(f"node {old.id}: event {event.from_state}->{event.to_state} does not "
+                             f"match {old.state}->{new.state}")
+        if not can_transition(old.state, new.state):
+            raise IllegalTransition(f"node {old.id}: {old.state} -> {new.state} is not allowed")
+        current = self._nodes.get(old.id)
+        if current is None or current.version != old.version:
+            return False
+        self._put(new)
+        self.events += 1
+        return True
+
+    def update_node(self, old: Node, **changes: Any) -> Node | None:
+        refused = _NOT_UPDATABLE & changes.keys()
+        if refused:
+            raise ValueError(f"update_node cannot change {sorted(refused)}")
+        current = self._nodes.get(old.id)
+        if current is None or current.version != old.version:
+            return None
+        new = replace(current, **changes, version=current.version + 1)
+        self._put(new)
+        return new
+
+    def set_usage(self, node_id: str, **changes: Any) -> Node:
+        """Fold the fabric's view of a node (GPUs busy, jobs, idle since, released) into its
+        record, as :mod:`orchestrator.observe` folds it into each snapshot's copy."""
+        new = replace(self._nodes[node_id], **changes)
+        self._put(new)
+        return new
+
+    def set_join_token(self, node_id: str, token_hash: str, expires_at: datetime) -> bool:
+        return node_id in self._nodes  # no agent registers in a simulation
+
+    # -- decisions, memory, capacity blocks ------------------------------------------------------
+
+    def add_decision(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+        self.rules[str(decision.rule)] += 1
+        for limit in decision.held_back_by:
+            self.held_back[limit] += 1
+
+    def load_memory(self) -> dict[str, PolicyMemory]:
+        return dict(self._memory)
+
+    def save_memory(self, policy: str, memory: PolicyMemory) -> None:
+        self._memory[policy] = memory
+
+    def add_capacity_block(self, block: CapacityBlock, now: datetime) -> None:
+        self._blocks = [b for b in self._blocks if b.until > now]
+        self._blocks.append(block)
+
+    def capacity_blocks(self, now: datetime) -> list[CapacityBlock]:
+        latest: dict[str, CapacityBlock] = {}
+        for block in self._blocks:
+            if block.until > now and (block.offering_key not in latest
+                                      or block.until > latest[block.offering_key].until):
+                latest[block.offering_key] = block
+        return [latest[k] for k in sorted(latest)]
+
+    def has_blocks(self, now: datetime) -> bool:
+        return any(b.until > now for b in self._blocks)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _put(self, node: Node) -> None:
+        self._nodes[node.id] = node
+        if node.state is NodeState.TERMINATED:
+            if self._live.pop(node.id, None) is not None:
+                self.terminated_log.append(node.id)
+        else:
+            self._live[node.id] = node
+        self._live_tuple = None
+        self.version += 1

@@ -1,0 +1,254 @@
+"""The Slurm queue source: pending GPU jobs and on-prem capacity from ``squeue``/``sinfo --json``.
+
+Each policy with ``queue.source: slurm`` watches one partition (``queue.partition``; every
+partition when unset) of the cluster its ``queue.slurm_conf`` names. Per pool it reports:
+
+* pending jobs that ask for GPUs and wait for capacity, as :class:`~orchestrator.domain.jobs.Job`:
+  GPUs from ``tres_per_node`` x nodes (or ``tres_per_job``, or ``tres_per_task`` x tasks), the
+  account (else the QOS, else the user) as project, Slurm's priority, submit time and time limit.
+  Only reasons that more nodes would cure count (:data:`UNMET_REASONS`: ``Resources``, ``Priority``
+  for the jobs queued behind the first blocked one, ``ReqNodeNotAvail``, and ``None`` for jobs the
+  scheduler has not looked at yet); held jobs, dependencies and limits do not. A pending array
+  counts once per task left;
+* on-prem capacity: nodes of the partition without the fabric's burst feature that can take work
+  now, with their GPUs (``gres``) and free GPUs (``gres`` minus ``gres_used``);
+* running jobs on on-prem and on burst nodes.
+
+Slurm 22.05 ignores ``squeue --json`` filters, so every filter is applied here. Burst nodes'
+usage (for the idle rule of scale-down) comes from the jobs on the Slurm node name each burst node
+holds (see :mod:`orchestrator.store.slots`) and the node's ``last_busy`` time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.domain.jobs import Job, JobState
+from orchestrator.domain.snapshot import OnPremState, PoolQueue
+from orchestrator.policy.models import Policy, QueueSourceKind
+from orchestrator.sources.builtin import NodeUsage
+from orchestrator.sources.slurm_cli import (
+    LIVE_JOB_STATES,
+    UNUSABLE_NODE_FLAGS,
+    USABLE_NODE_STATES,
+    SlurmCli,
+    expand_hostlist,
+    gres_count,
+)
+from orchestrator.store import Store
+
+log = logging.getLogger(__name__)
+
+UNMET_REASONS = frozenset({
+    "Resources", "Priority", "ReqNodeNotAvail", "None",
+    "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions",
+})
+INFINITE_MINUTES = 0xFFFFFFFF - 1  # 22.05 prints INFINITE time limits as 4294967294 (or omits them)
+MAX_ARRAY_TASKS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNode:
+    """One node as sinfo shows it, reduced to what burst needs."""
+
+    name: str
+    state: str
+    flags: frozenset[str]
+    gpus: int
+    gpus_used: int
+    features: frozenset[str]
+    partitions: frozenset[str]
+    last_busy: datetime | None
+
+    @property
+    def usable(self) -> bool:
+        return self.state in USABLE_NODE_STATES and not (self.flags & UNUSABLE_NODE_FLAGS)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(self.gpus - self.gpus_used, 0) if self.usable else 0
+
+
+def parse_nodes(nodes: Iterable[dict[str, Any]]) -> list[SlurmNode]:
+    parsed = []
+    for node in nodes:
+        last_busy = node.get("last_busy")
+        parsed.append(SlurmNode(
+            name=str(node.get("name") or node.get("hostname")),
+            state=str(node.get("state") or "unknown").lower(),
+            flags=frozenset(str(f).upper() for f in node.get("state_flags") or ()),
+            gpus=gres_count(node.get("gres")),
+            gpus_used=gres_count(node.get("gres_used")),
+            features=frozenset(_split(node.get("active_features") or node.get("features"))),
+            partitions=frozenset(node.get("partitions") or ()),
+            last_busy=_epoch(last_busy),
+        ))
+    return parsed
+
+
+def job_gpus(job: dict[str, Any]) -> int:
+    """GPUs a job asks for in all (per node x nodes, per job, or per task x tasks)."""
+    per_node = gres_count(job.get("tres_per_node"))
+    if per_node:
+        return per_node * max(int(job.get("node_count") or 1), 1)
+    per_job = gres_count(job.get("tres_per_job"))
+    if per_job:
+        return per_job
+    per_task = gres_count(job.get("tres_per_task"))
+    if per_task:
+        return per_task * max(int(job.get("tasks") or 1), 1)
+    return 0
+
+
+def array_tasks_left(job: dict[str, Any]) -> int:
+    """How many tasks a pending array record stands for (1 for a plain job)."""
+    spec = str(job.get("array_task_string") or "").split("%", 1)[0]
+    if not spec:
+        return 1
+    count = 0
+    for part in spec.split(","):
+        step = 1
+        if ":" in part:
+            part, _, raw_step = part.partition(":")
+            step = max(int(raw_step), 1) if raw_step.isdigit() else 1
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            count += (int(last or first) - int(first)) // step + 1
+    return max(min(count, MAX_ARRAY_TASKS), 1)
+
+
+def in_partition(job: dict[str, Any], partition: str | None) -> bool:
+    return partition is None or partition in _split(job.get("partition"))
+
+
+def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | None) -> list[Job]:
+    """The pool's pending GPU jobs that wait for capacity, as planner Jobs."""
+    out: list[Job] = []
+    for job in jobs:
+        if job.get("job_state") != "PENDING" or not in_partition(job, partition):
+            continue
+        if str(job.get("state_reason") or "None") not in UNMET_REASONS:
+            continue
+        gpus = job_gpus(job)
+        if gpus <= 0:
+            continue  # CPU-only work: bursting GPU nodes would not help it
+        project = job.get("account") or job.get("qos") or job.get("user_name") or "default"
+        limit = job.get("time_limit")
+        duration = None
+        if isinstance(limit, int) and 0 < limit < INFINITE_MINUTES:
+            duration = float(limit * 60)
+        submitted = _epoch(job.get("submit_time")) or datetime.now(UTC)
+        base_id = str(job.get("job_id"))
+        tasks = array_tasks_left(job) if job.get("array_task_string") else 1
+        for index in range(tasks):
+            out.append(Job(
+                id=base_id if tasks == 1 else f"{base_id}_{index}",
+                project=str(project), pool=pool, gpus=gpus, submitted_at=submitted,
+                priority=int(job.get("priority") or 0), duration_s=duration,
+                state=JobState.PENDING))
+    return out
+
+
+def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode],
+               burst_feature: str) -> PoolQueue:
+    """One pool's queue from parsed squeue/sinfo output."""
+    partition = policy.queue.partition
+    in_pool = [n for n in nodes if partition is None or partition in n.partitions]
+    onprem = [n for n in in_pool if burst_feature not in n.features]
+    burst_names = {n.name for n in in_pool if burst_feature in n.features}
+    usable = [n for n in onprem if n.usable]
+    onprem_state = OnPremState(
+        total_gpus=sum(n.gpus for n in usable),
+        free_gpus=sum(n.gpus_free for n in usable),
+        free_per_node=tuple(n.gpus_free for n in usable),
+    )
+    onprem_names = {n.name for n in onprem}
+    running_onprem = running_burst = 0
+    for job in jobs:
+        if job.get("job_state") not in LIVE_JOB_STATES or not in_partition(job, partition):
+            continue
+        hosts = set(expand_hostlist(job.get("nodes") or ""))
+        if hosts & burst_names:
+            running_burst += 1
+        elif hosts & onprem_names:
+            running_onprem += 1
+    return PoolQueue(
+        pool=policy.pool.name,
+        onprem=onprem_state,
+        pending=tuple(pending_jobs(jobs, policy.pool.name, partition)),
+        running_onprem_jobs=running_onprem,
+        running_burst_jobs=running_burst,
+    )
+
+
+class SlurmQueue:
+    """Queue source over one or more Slurm clusters (one per distinct ``queue.slurm_conf``)."""
+
+    def __init__(self, store: Store, policies: list[Policy],
+                 cli_factory: Callable[[str | None], SlurmCli] = SlurmCli):
+        self.store = store
+        self.policies = [p for p in policies if p.queue.source is QueueSourceKind.SLURM]
+        self._clis: dict[str | None, SlurmCli] = {}
+        for policy in self.policies:
+            conf = policy.queue.slurm_conf
+            if conf not in self._clis:
+                self._clis[conf] = cli_factory(conf)
+
+    def cli(self, policy: Policy) -> SlurmCli:
+        return self._clis[policy.queue.slurm_conf]
+
+    def _read(self) -> dict[str | None, tuple[list[dict[str, Any]], list[SlurmNode]]]:
+        return {conf: (cli.jobs(), parse_nodes(cli.nodes())) for conf, cli in self._clis.items()}
+
+    def observe(self, now: datetime) -> dict[str, PoolQueue]:
+        """Pending jobs and on-prem capacity of every Slurm pool (SlurmError if Slurm is down)."""
+        views = self._read()
+        queues: dict[str, PoolQueue] = {}
+        for policy in self.policies:
+            jobs, nodes = views[policy.queue.slurm_conf]
+            queues[policy.pool.name] = pool_queue(policy, jobs, nodes, policy.fabric.slurm.feature)
+        return queues
+
+    def node_usage(self, node_ids: list[str]) -> dict[str, NodeUsage]:
+        """Per burst node: GPUs and jobs on its Slurm node now, and when it was last busy."""
+        if not node_ids or not self._clis:
+            return {}
+        members = {m.node_id: m for m in self.store.fabric_members() if m.node_id in node_ids}
+        if not members:
+            return {}
+        views = self._read()
+        usage: dict[str, NodeUsage] = {}
+        for node_id, member in members.items():
+            for jobs, nodes in views.values():
+                slurm_node = next((n for n in nodes if n.name == member.name), None)
+                on_node = [j for j in jobs if j.get("job_state") in LIVE_JOB_STATES
+                           and member.name in expand_hostlist(j.get("nodes") or "")]
+                if slurm_node is None and not on_node:
+                    continue
+                busy = slurm_node.gpus_used if slurm_node else sum(job_gpus(j) for j in on_node)
+                last = slurm_node.last_busy if slurm_node else None
+                usage[node_id] = NodeUsage(busy, len(on_node), last)
+                break
+        return usage
+
+    # The built-in queue's dispatcher hook: Slurm schedules its own on-prem nodes.
+    def dispatch_onprem(self, now: datetime) -> list:
+        return []
+
+
+def _split(value: Any) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return [v for v in str(value).split(",") if v]
+
+
+def _epoch(value: Any) -> datetime | None:
+    if isinstance(value, int | float) and value > 0:
+        return datetime.fromtimestamp(value, UTC)
+    return None

@@ -1,0 +1,441 @@
+"""The cost ledger in the store: cost lines, roll-up marks, and the sums reports read.
+
+The roll-up (``orchestrator.costs.ledger``) owns the maths; this module owns the SQL:
+
+* which nodes still need rolling up (live, or terminated but not final through their end);
+* the job usages of nodes and of on-prem pools in a window;
+* :meth:`Ledger.write_ledger`: replace one subject's lines from a bucket on, and advance its
+  mark, in one transaction. It compares first and writes nothing when nothing changed, so
+  running a roll-up twice writes nothing the second time; lines are upserted on their unique
+  ``line_key``, so two roll-ups racing on one subject converge instead of failing;
+* grouped sums over ``cost_lines`` (``GROUP BY`` in SQL, integers for money), the spend of a
+  window, and the nodes whose cost the ledger has not reached yet (for budgets).
+
+Times are passed in, never read from a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from orchestrator.domain.costs import NONE, CostKind, CostLine, JobUsage
+from orchestrator.domain.jobs import Placement
+from orchestrator.domain.nodes import NodeState
+from orchestrator.store import tables as T
+from orchestrator.store.base import StoreBase, require_aware
+
+ONPREM_SUBJECT = "onprem:"  # prefix of the subjects (and marks) of on-prem work, + pool name
+_CHUNK = 500  # ids per IN (...) list: well inside every driver's parameter limit
+
+_c = T.cost_lines.c
+
+
+def _key(column: sa.ColumnElement[Any], missing: str = "") -> sa.ColumnElement[Any]:
+    # An expression, not the bare column, even for NOT NULL ones: given GROUP BY pool, SQLite
+    # would walk the (pool, ...) index to skip the sort and fetch every row through it, three
+    # times slower on a million lines than scanning the table and sorting. Project and day stay
+    # bare: the covering (project, day, ...) index streams them in order with no table access.
+    return sa.func.coalesce(column, missing)
+
+
+# Report keys -> what they group by (lines without a node or job show "-").
+GROUP_COLUMNS: dict[str, sa.ColumnElement[Any]] = {
+    "project": _c.project,
+    "pool": _key(_c.pool),
+    "policy": _key(_c.policy),
+    "provider": _key(_c.provider),
+    "region": _key(_c.region),
+    "instance_type": _key(_c.instance_type),
+    "market": _key(_c.market),
+    "node": _key(_c.node_id, NONE),
+    "job": _key(_c.job_id, NONE),
+    "kind": _key(_c.kind),
+    "day": _c.day,
+}
+_LINE_FIELDS = (
+    "line_key", "subject", "node_id", "period_start", "period_end", "kind", "project", "job_id",
+    "policy", "pool", "provider", "region", "instance_type", "market", "price_usd_hour",
+    "instance_seconds", "gpu_seconds", "cost_micros", "onprem_equiv_micros", "final",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerNode:
+    """A node as the roll-up sees it: the node row's billing facts, when it started costing
+    (``launched``: its first ``launching`` event; None: never launched) and when its termination
+    was confirmed (``ended``), and how far its lines are final (``mark``)."""
+
+    node_id: str
+    policy: str
+    pool: str
+    provider: str
+    offering_key: str
+    instance_type: str
+    market: str
+    gpus: int
+    price_usd_hour: float
+    project: str | None
+    state: NodeState
+    state_since: datetime
+    launched: datetime | None
+    ended: datetime | None
+    mark: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CostSums:
+    """Sums of the cost lines of one group (money in micro-dollars)."""
+
+    keys: tuple[str, ...]
+    cost_micros: int  # burst (cloud) lines: usage, idle, minimum
+    idle_micros: int
+    onprem_micros: int
+    onprem_equiv_micros: int
+    gpu_seconds: float  # of burst lines
+    instance_seconds: float
+    lines: int
+
+
+@dataclass(frozen=True, slots=True)
+class AccrualNode:
+    """A node whose cost the ledger may not have reached yet: its price, when it started and
+    stopped costing, and how far its lines reach (None: it has none)."""
+
+    node_id: str
+    project: str | None
+    price_usd_hour: float
+    launched: datetime
+    ended: datetime | None
+    covered_through: datetime | None
+
+
+def _line_values(line: CostLine) -> dict[str, Any]:
+    values = {name: getattr(line, name) for name in _LINE_FIELDS}
+    values["kind"] = CostKind(line.kind).value
+    values["day"] = line.day
+    return values
+
+
+def _line_from_row(row: sa.Row[Any]) -> CostLine:
+    m = row._mapping
+    values = {name: m[name] for name in _LINE_FIELDS}
+    values["kind"] = CostKind(values["kind"])
+    values["final"] = bool(values["final"])
+    values["cost_micros"] = int(values["cost_micros"])
+    values["onprem_equiv_micros"] = int(values["onprem_equiv_micros"])
+    return CostLine(**values)
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i:i + _CHUNK]
+
+
+class Ledger(StoreBase):
+    """The cost-ledger methods of the Store."""
+
+    # -- what to roll up ---------------------------------------------------------------------------
+
+    def ledger_candidates(self, policies: Collection[str] | None = None) -> list[LedgerNode]:
+        """Nodes whose ledger is not final through their end: every node not yet terminated, and
+        terminated nodes whose mark does not reach their termination (or that have none).
+        ``policies``: only nodes of these policies."""
+        n, m = T.nodes.c, T.ledger_marks.c
+        query = (
+            sa.select(n.id, n.policy, n.pool, n.provider, n.offering_key, n.instance_type,
+                      n.market, n.gpus, n.price_usd_hour, n.project, n.state, n.state_since,
+                      m.final_through)
+            .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id))
+            .where(sa.or_(n.state != NodeState.TERMINATED.value, m.final_through.is_(None),
+                          m.final_through < n.state_since))
+            .order_by(n.created_at, n.id)
+        )
+        if policies is not None:
+            query = query.where(n.policy.in_(sorted(policies)))
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+            spans = _spans(conn, [r.id for r in rows])
+        out = []
+        for r in rows:
+            launched, ended = spans.get(r.id, (None, None))
+            out.append(LedgerNode(
+                node_id=r.id, policy=r.policy, pool=r.pool, provider=r.provider,
+                offering_key=r.offering_key, instance_type=r.instance_type, market=r.market,
+                gpus=r.gpus, price_usd_hour=r.price_usd_hour, project=r.project,
+                state=NodeState(r.state), state_since=r.state_since, launched=launched,
+                ended=ended, mark=r.final_through))
+        return out
+
+    def ledger_mark(self, subject: str) -> datetime | None:
+        """How far ``subject``'s lines are final (None: nothing is)."""
+        m = T.ledger_marks.c
+        with self._read() as conn:
+            return conn.execute(sa.select(m.final_through).where(m.subject == subject)).scalar()
+
+    def ledger_marks(self, subjects: Collection[str] | None = None) -> dict[str, datetime]:
+        """The marks of ``subjects`` that have one (None: every mark)."""
+        m = T.ledger_marks.c
+        query = sa.select(m.subject, m.final_through)
+        if subjects is not None:
+            query = query.where(m.subject.in_(sorted(subjects)))
+        with self._read() as conn:
+            return {r.subject: r.final_through for r in conn.execute(query)}
+
+    # -- job usages --------------------------------------------------------------------------------
+
+    def burst_job_usages(self, node_ids: Collection[str], since: datetime | None = None
+                         ) -> dict[str, list[JobUsage]]:
+        """Per node, the jobs of the built-in queue that ran on it and had not finished by
+        ``since`` (None: all). A job requeued since lost its start, and so its usage here."""
+        c = T.jobs.c
+        out: dict[str, list[JobUsage]] = {}
+        with self._read() as conn:
+            for chunk in _chunks(sorted(node_ids)):
+                query = sa.select(c.id, c.project, c.gpus, c.started_at, c.finished_at, c.node_id) \
+                    .where(c.node_id.in_(chunk), c.started_at.is_not(None),
+                           sa.or_(c.placement.is_(None), c.placement != Placement.ONPREM.value))
+                if since is not None:
+                    query = query.where(sa.or_(c.finished_at.is_(None),
+                                               c.finished_at > require_aware(since, "since")))
+                for r in conn.execute(query):
+                    out.setdefault(r.node_id, []).append(
+                        JobUsage(r.id, r.project, r.gpus, r.started_at, r.finished_at))
+        return out
+
+    def onprem_job_usages(self, pools: Collection[str], since: datetime | None = None
+                          ) -> dict[str, list[JobUsage]]:
+        """Per pool, the jobs that ran on-prem and had not finished by ``since`` (None: all)."""
+        c = T.jobs.c
+        query = (
+            sa.select(c.id, c.project, c.gpus, c.started_at, c.finished_at, c.pool)
+            .where(c.placement == Placement.ONPREM.value, c.started_at.is_not(None),
+                   c.pool.in_(sorted(pools)))
+        )
+        if since is not None:
+            query = query.where(sa.or_(c.finished_at.is_(None),
+                                       c.finished_at > require_aware(since, "since")))
+        out: dict[str, list[JobUsage]] = {}
+        with self._read() as conn:
+            for r in conn.execute(query):
+                out.setdefault(r.pool, []).append(
+                    JobUsage(r.id, r.project, r.gpus, r.started_at, r.finished_at))
+        return out
+
+    # -- lines -------------------------------------------------------------------------------------
+
+    def ledger_lines(self, subject: str | None = None, since: datetime | None = None
+                     ) -> list[CostLine]:
+        """The lines of ``subject`` (None: all) in buckets from ``since`` on, by bucket and key."""
+        query = sa.select(T.cost_lines).order_by(_c.period_start, _c.line_key)
+        if subject is not None:
+            query = query.where(_c.subject == subject)
+        if since is not None:
+            query = query.where(_c.period_start >= require_aware(since, "since"))
+        with self._read() as conn:
+            return [_line_from_row(r) for r in conn.execute(query)]
+
+    def write_ledger(self, subject: str, lines: Sequence[CostLine], *, since: datetime,
+                     mark: datetime | None, at: datetime) -> tuple[int, int]:
+        """Make ``subject``'s lines in buckets from ``since`` on exactly ``lines``, and advance its
+        mark to ``mark`` (a mark never moves back), in one transaction. Returns (lines written,
+        lines deleted); (0, 0) when the ledger already said exactly this."""
+        require_aware(since, "since")
+        require_aware(at, "at")
+        if mark is not None:
+            require_aware(mark, "mark")
+        wanted: dict[str, CostLine] = {}
+        for line in lines:
+            if line.subject != subject or line.period_start < since:
+                raise ValueError(f"line {line.line_key} is not of subject {subject!r} from "
+                                 f"{since.isoformat()}")
+            if line.line_key in wanted:
+                raise ValueError(f"line key {line.line_key} given twice")
+            wanted[line.line_key] = line
+        with self._read() as conn:
+            if _diff(conn, subject, since, wanted, mark) is None:
+                return 0, 0  # nothing changed: no write transaction (and no write lock) at all
+        with self._write() as conn:
+            diff = _diff(conn, subject, since, wanted, mark)
+            if diff is None:
+                return 0, 0
+            stale, changed, move_mark = diff
+            for chunk in _chunks(sorted(stale)):
+                conn.execute(sa.delete(T.cost_lines).where(_c.line_key.in_(chunk)))
+            if changed:
+                stmt = self._insert(T.cost_lines)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["line_key"],
+                    set_={name: stmt.excluded[name]
+                          for name in (*_LINE_FIELDS, "day", "rolled_at") if name != "line_key"})
+                rows = [{**_line_values(wanted[key]), "rolled_at": at} for key in sorted(changed)]
+                conn.execute(stmt, rows)
+            if move_mark:
+                m = T.ledger_marks.c
+                stmt = self._insert(T.ledger_marks).values(subject=subject, final_through=mark,
+                                                           updated_at=at)
+                stmt = stmt.on_conflict_do_update(index_elements=["subject"], set_={
+                    # Never backwards, even if a slower roll-up commits after a faster one.
+                    "final_through": sa.case((stmt.excluded.final_through > m.final_through,
+                                              stmt.excluded.final_through),
+                                             else_=m.final_through),
+                    "updated_at": stmt.excluded.updated_at,
+                })
+                conn.execute(stmt)
+        return len(changed), len(stale)
+
+    def set_ledger_mark(self, subject: str, mark: datetime, at: datetime) -> None:
+        """Advance ``subject``'s mark to ``mark`` (never backwards) without touching lines."""
+        self.write_ledger(subject, [], since=mark, mark=mark, at=at)
+
+    # -- sums --------------------------------------------------------------------------------------
+
+    def cost_sums(self, group_by: Sequence[str], *, since: datetime | None = None,
+                  until: datetime | None = None, projects: Collection[str] | None = None,
+                  pool: str | None = None) -> list[CostSums]:
+        """Sums of the lines whose bucket starts in [since, until), grouped by ``group_by`` (keys
+        of :data:`GROUP_COLUMNS`; none: one group of everything), ordered by the keys.
+        ``projects``: only these (None: every project)."""
+        unknown = [k for k in group_by if k not in GROUP_COLUMNS]
+        if unknown:
+            raise ValueError(f"group_by: unknown key(s) {unknown}; choose from "
+                             f"{', '.join(GROUP_COLUMNS)}")
+        if projects is not None and not projects:
+            return []
+        burst = _c.kind != CostKind.ONPREM.value
+        keys = [GROUP_COLUMNS[k].label(f"k{i}") for i, k in enumerate(group_by)]
+        query = sa.select(
+            *keys,
+            sa.func.sum(sa.case((burst, _c.cost_micros), else_=0)).label("cost"),
+            sa.func.sum(sa.case((_c.kind == CostKind.IDLE.value, _c.cost_micros), else_=0))
+            .label("idle"),
+            sa.func.sum(sa.case((burst, 0), else_=_c.cost_micros)).label("onprem"),
+            sa.func.sum(_c.onprem_equiv_micros).label("equiv"),
+            sa.func.sum(sa.case((burst, _c.gpu_seconds), else_=0.0)).label("gpu_s"),
+            sa.func.sum(_c.instance_seconds).label("inst_s"),
+            sa.func.count().label("lines"),
+        )
+        query = _window(query, since, until, projects, pool)
+        if keys:
+            query = query.group_by(*[sa.literal_column(str(i + 1)) for i in range(len(keys))])
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        out = []
+        for r in rows:
+            if not keys and not r.lines:
+                continue  # no lines at all: no group
+            out.append(CostSums(
+                keys=tuple(str(r[i]) for i in range(len(keys))), cost_micros=int(r.cost or 0),
+                idle_micros=int(r.idle or 0), onprem_micros=int(r.onprem or 0),
+                onprem_equiv_micros=int(r.equiv or 0), gpu_seconds=float(r.gpu_s or 0.0),
+                instance_seconds=float(r.inst_s or 0.0), lines=int(r.lines)))
+        # Ordered here, by code point: the same order on every database whatever its collation
+        # (the order decides ties when cents are allocated).
+        return sorted(out, key=lambda s: s.keys)
+
+    def ledger_cost_micros(self, *, since: datetime, until: datetime, pool: str | None = None,
+                           project: str | None = None) -> int:
+        """Micro-dollars of burst (not on-prem) lines whose bucket starts in [since, until)."""
+        query = sa.select(sa.func.coalesce(sa.func.sum(_c.cost_micros), 0)) \
+            .where(_c.kind != CostKind.ONPREM.value)
+        query = _window(query, require_aware(since, "since"), require_aware(until, "until"),
+                        None if project is None else [project], pool)
+        with self._read() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
+    def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None
+                             ) -> list[AccrualNode]:
+        """Launched nodes whose ledger is not final through their end, with how far their lines
+        reach: what budgets add on top of the lines while the roll-up lags."""
+        candidates = [n for n in self.ledger_candidates()
+                      if n.launched is not None and (pool is None or n.pool == pool)
+                      and (project is None or n.project == project)]
+        if not candidates:
+            return []
+        covered: dict[str, datetime] = {}
+        with self._read() as conn:
+            marked = {n.node_id: n.mark for n in candidates if n.mark is not None}
+            for node_id, mark in marked.items():
+                reach = conn.execute(sa.select(sa.func.max(_c.period_end)).where(
+                    _c.subject == node_id, _c.period_start >= mark)).scalar()
+                covered[node_id] = max(mark, reach) if reach is not None else mark
+            unmarked = [n.node_id for n in candidates if n.mark is None]
+            for chunk in _chunks(unmarked):
+                query = sa.select(_c.subject, sa.func.max(_c.period_end).label("reach")) \
+                    .where(_c.subject.in_(chunk)).group_by(_c.subject)
+                for r in conn.execute(query):
+                    covered[r.subject] = r.reach
+        return [AccrualNode(n.node_id, n.project, n.price_usd_hour,
+                            n.launched,  # type: ignore[arg-type]  # filtered above
+                            n.ended, covered.get(n.node_id)) for n in candidates]
+
+    def live_node_prices(self, *, pool: str | None = None, project: str | None = None
+                         ) -> list[float]:
+        """Hourly prices of the nodes not yet terminated."""
+        n = T.nodes.c
+        query = sa.select(n.price_usd_hour).where(n.state != NodeState.TERMINATED.value)
+        if pool is not None:
+            query = query.where(n.pool == pool)
+        if project is not None:
+            query = query.where(n.project == project)
+        with self._read() as conn:
+            return [float(p) for p in conn.execute(query).scalars()]
+
+
+def _window(query: Any, since: datetime | None, until: datetime | None,
+            projects: Collection[str] | None, pool: str | None) -> Any:
+    if since is not None:
+        query = query.where(_c.period_start >= require_aware(since, "since"))
+    if until is not None:
+        query = query.where(_c.period_start < require_aware(until, "until"))
+    if projects is not None:
+        wanted = sorted(projects)
+        query = query.where(_c.project == wanted[0] if len(wanted) == 1 else _c.project.in_(wanted))
+    if pool is not None:
+        query = query.where(_c.pool == pool)
+    return query
+
+
+def _spans(conn: Connection, node_ids: Sequence[str]
+           ) -> dict[str, tuple[datetime | None, datetime | None]]:
+    """Per node: its first ``launching`` and its ``terminated`` event times."""
+    e = T.node_events.c
+    at = sa.type_coerce(e.at, T.UtcDateTime())
+    launched = sa.func.min(sa.case((e.to_state == NodeState.LAUNCHING.value, at)))
+    ended = sa.func.min(sa.case((e.to_state == NodeState.TERMINATED.value, at)))
+    out: dict[str, tuple[datetime | None, datetime | None]] = {}
+    for chunk in _chunks(list(node_ids)):
+        query = (
+            sa.select(e.node_id, sa.type_coerce(launched, T.UtcDateTime()).label("launched"),
+                      sa.type_coerce(ended, T.UtcDateTime()).label("ended"))
+            .where(e.node_id.in_(chunk))
+            .group_by(e.node_id)
+        )
+        for r in conn.execute(query):
+            out[r.node_id] = (r.launched, r.ended)
+    return out
+
+
+def _diff(conn: Connection, subject: str, since: datetime, wanted: dict[str, CostLine],
+          mark: datetime | None) -> tuple[set[str], set[str], bool] | None:
+    """What :meth:`Ledger.write_ledger` must do: (keys to delete, keys to upsert, advance the
+    mark?), or None for nothing."""
+    rows = conn.execute(sa.select(T.cost_lines).where(_c.subject == subject,
+                                                      _c.period_start >= since)).all()
+    have = {r.line_key: _line_from_row(r) for r in rows}
+    stale = set(have) - set(wanted)
+    changed = {key for key, line in wanted.items() if have.get(key) != line}
+    current = conn.execute(sa.select(T.ledger_marks.c.final_through)
+                           .where(T.ledger_marks.c.subject == subject)).scalar()
+    move_mark = mark is not None and (current is None or mark > current)
+    if not stale and not changed and not move_mark:
+        return None
+    return stale, changed, move_mark
+
+
+__all__ = ["GROUP_COLUMNS", "ONPREM_SUBJECT", "AccrualNode", "CostSums", "Ledger", "LedgerNode"]

@@ -1,0 +1,116 @@
+"""Aggregates the metrics endpoint reads at scrape time, and the tick timing it reports.
+
+``record_tick`` is called by whoever runs a tick (the embedded loop, the Celery tick, an operator's
+evaluate): one upserted ``tick_stats`` row per policy with the last duration, the count and the
+running total. The other methods are read-only: node counts, launches, failures and spend rates
+are GROUP BY queries returning a few rows however many nodes exist; the queue metrics read the
+pending jobs' pool, GPUs and submit time (a wait's mean needs each one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from orchestrator.domain.jobs import JobState
+from orchestrator.domain.nodes import NodeState
+from orchestrator.store import tables as T
+from orchestrator.store.base import StoreBase, require_aware
+
+
+@dataclass(frozen=True, slots=True)
+class TickStat:
+    policy: str
+    last_at: datetime
+    last_duration_s: float
+    ticks: int
+    total_duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """The part of a pending job the queue metrics need."""
+
+    pool: str
+    project: str
+    gpus: int
+    submitted_at: datetime
+
+
+class Telemetry(StoreBase):
+    """Tick timing and metric aggregates of the Store."""
+
+    def record_tick(self, policy: str, at: datetime, duration_s: float) -> None:
+        """Add one tick of ``policy`` that ended at ``at`` and took ``duration_s`` seconds."""
+        require_aware(at, "at")
+        if not isinstance(policy, str) or not policy:
+            raise ValueError(f"policy must be a non-empty string, got {policy!r}")
+        duration = max(float(duration_s), 0.0)
+        c = T.tick_stats.c
+        stmt = self._insert(T.tick_stats).values(
+            policy=policy, last_at=at, last_duration_s=duration, ticks=1, total_duration_s=duration)
+        stmt = stmt.on_conflict_do_update(index_elements=["policy"], set_={
+            "last_at": stmt.excluded.last_at,
+            "last_duration_s": stmt.excluded.last_duration_s,
+            "ticks": c.ticks + 1,
+            "total_duration_s": c.total_duration_s + stmt.excluded.total_duration_s,
+        })
+        with self._write() as conn:
+            conn.execute(stmt)
+
+    def tick_stats(self) -> list[TickStat]:
+        with self._read() as conn:
+            rows = conn.execute(sa.select(T.tick_stats).order_by(T.tick_stats.c.policy)).all()
+        return [TickStat(r.policy, r.last_at, r.last_duration_s, r.ticks, r.total_duration_s)
+                for r in rows]
+
+    def node_counts(self) -> dict[tuple[str, str, str], int]:
+        """(state, provider, pool) -> nodes, terminated ones included."""
+        c = T.nodes.c
+        query = sa.select(c.state, c.provider, c.pool, sa.func.count()).group_by(
+            c.state, c.provider, c.pool)
+        with self._read() as conn:
+            return {(s, p, pool): n for s, p, pool, n in conn.execute(query)}
+
+    def live_spend_by_pool(self) -> dict[str, float]:
+        """Pool -> summed hourly price of its nodes not yet confirmed terminated (USD/h)."""
+        c = T.nodes.c
+        query = (sa.select(c.pool, sa.func.sum(c.price_usd_hour))
+                 .where(c.state != NodeState.TERMINATED.value).group_by(c.pool))
+        with self._read() as conn:
+            return {pool: float(total or 0.0) for pool, total in conn.execute(query)}
+
+    def transition_counts(
+        self, to_states: Iterable[NodeState]
+    ) -> list[tuple[str, str, str, str, int]]:
+        """(to_state, provider, pool, reason, count) of node events into ``to_states``."""
+        e, n = T.node_events.c, T.nodes.c
+        query = (
+            sa.select(e.to_state, n.provider, n.pool, e.reason, sa.func.count())
+            .select_from(T.node_events.join(T.nodes, n.id == e.node_id))
+            .where(e.to_state.in_(sorted(NodeState(s).value for s in to_states)))
+            .group_by(e.to_state, n.provider, n.pool, e.reason)
+        )
+        with self._read() as conn:
+            return [(s, p, pool, r, k) for s, p, pool, r, k in conn.execute(query)]
+
+    def pending_jobs(self) -> list[PendingJob]:
+        """Every pending job of the built-in queue (only the columns metrics need)."""
+        c = T.jobs.c
+        query = sa.select(c.pool, c.project, c.gpus, c.submitted_at).where(
+            c.state == JobState.PENDING.value)
+        with self._read() as conn:
+            return [PendingJob(*r) for r in conn.execute(query)]
+
+    def schema_revision(self) -> str | None:
+        """The migration the database is at (None: never migrated); raises if unreachable."""
+        from orchestrator.store.migrate import current_revision
+
+        with self._read() as conn:
+            return current_revision(conn)
+
+
+__all__ = ["PendingJob", "TickStat", "Telemetry"]

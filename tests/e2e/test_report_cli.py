@@ -1,0 +1,140 @@
+"""`burst report` as a user runs it, on the embedded SQLite state dir and on BURST_DATABASE_URL
+(the ``store`` fixture: SQLite and PostgreSQL): the ledger written by a real roll-up of real node
+histories, shown as a table with a total, JSON and CSV that match ``GET /v1/costs``'s report, and
+a PNG chart with budget lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import date, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.cli.report_cmd import budget_window_days, daily_pace
+from orchestrator.costs.ledger import roll_up
+from orchestrator.costs.report import CostQuery, cost_report, parse_group_by
+from orchestrator.domain import NodeState
+from orchestrator.policy import load_policy_text
+from orchestrator.policy.models import Budget
+from orchestrator.store import Store, default_sqlite_url
+from tests.builders import T0, make_rig, policy_dict
+
+S = NodeState
+WINDOW = ["--from", "2025-03-01T00:00:00Z", "--to", "2025-03-03T00:00:00Z"]
+
+
+def seed(store: Store) -> None:
+    """Two $10/h nodes from T0 (12:00 on 1 March), one for research, one for vision, ledger
+    rolled up to 18:00 on 2 March: 12 h on the 1st and 18 h on the 2nd each."""
+    rig = make_rig(store)
+    for n, project in ((1, "research"), (2, "vision")):
+        rig.executor.run([rig.launch_action(n, project=project)])
+        rig.move(f"n{n}", S.BOOTING, S.JOINING, S.READY)
+    rig.clock.advance(hours=30)
+    roll_up(store, [rig.policy], rig.now)
+
+
+@pytest.fixture
+def env(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    seed(store)
+    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("BURST_DATABASE_URL", store.engine.url.render_as_string(hide_password=False))
+    monkeypatch.delenv("BURST_POLICY_FILES", raising=False)
+    return store
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def test_report_json_and_csv_are_the_api_report(env: Store) -> None:
+    result = run("report", *WINDOW, "--group-by", "project,day", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    expected = cost_report(env, CostQuery(since=T0.replace(hour=0), until=T0.replace(hour=0) + timedelta(days=2),
+                                          group_by=parse_group_by("project,day"))).as_json()
+    assert data == expected
+    cost = {(r["project"], r["day"]): Decimal(r["cost_usd"]) for r in data["rows"]}
+    assert cost == {("research", "2025-03-01"): Decimal("120.00"),
+                    ("research", "2025-03-02"): Decimal("180.00"),
+                    ("vision", "2025-03-01"): Decimal("120.00"),
+                    ("vision", "2025-03-02"): Decimal("180.00")}
+    assert Decimal(data["total"]["cost_usd"]) == sum(cost.values())
+
+    only = json.loads(run("report", *WINDOW, "--project", "vision", "--json").stdout)
+    assert [(r["project"], r["cost_usd"]) for r in only["rows"]] == [("vision", "300.00")]
+
+    table = run("report", *WINDOW, "--group-by", "provider")
+    assert table.exit_code == 0 and "total" in table.stdout and "600.00" in table.stdout
+
+    rows = list(csv.DictReader(io.StringIO(run("report", *WINDOW, "--group-by", "day", "--csv").stdout)))
+    assert [(r["day"], r["cost_usd"]) for r in rows] == [("2025-03-01", "240.00"),
+                                                          ("2025-03-02", "360.00")]
+
+
+def test_report_png_draws_the_days_with_budget_lines(env: Store, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    policy = policy_dict(budgets=[
+        {"name": "research-monthly", "project": "research", "limit_usd": 3100},
+        {"name": "pool-daily", "window": "day", "limit_usd": 500},
+    ])
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(yaml.safe_dump(policy, sort_keys=False))
+    chart = tmp_path / "charts" / "march.png"
+    result = run("report", *WINDOW, "--group-by", "project", "--png", str(chart),
+                 "--policy", str(policy_file))
+    assert result.exit_code == 0, result.output
+    assert f"chart written to {chart}" in result.stdout.replace("\n", "")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = imread(chart).shape
+    assert width >= 800 and height >= 500
+
+
+def test_budget_lines_spread_each_limit_over_its_window() -> None:
+    policy = load_policy_text(yaml.safe_dump(policy_dict(budgets=[
+        {"name": "m", "project": "research", "limit_usd": 3100},
+        {"name": "w", "window": "week", "limit_usd": 700},
+        {"name": "c", "window": "custom", "period": "10d", "starts": "2025-01-01T00:00:00Z",
+         "limit_usd": 50},
+    ])), "<test>")
+    monthly, weekly, custom = policy.budgets
+    assert isinstance(monthly, Budget)
+    assert daily_pace(monthly, [date(2025, 3, 31), date(2025, 4, 1)]) == [100.0, 3100 / 30]
+    assert budget_window_days(monthly, date(2024, 2, 10)) == 29
+    assert daily_pace(weekly, [date(2025, 3, 5)]) == [100.0]
+    assert daily_pace(custom, [date(2025, 3, 5)]) == [5.0]
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (("--from", "yesterday"), "--from:"),
+    (("--to", "2025-03-01T00:00:00"), "--to:"),
+    (("--from", "2025-03-02T00:00:00Z", "--to", "2025-03-01T00:00:00Z"), "--from:"),
+    (("--group-by", "project,colour"), "--group-by:"),
+    (("--json", "--csv"), "--json and --csv"),
+    (("--png", "chart.jpg"), "--png:"),
+])
+def test_bad_report_options_name_the_option(env: Store, args: tuple[str, ...], text: str) -> None:
+    result = run("report", *args)
+    assert result.exit_code == 2, result.output
+    assert text in result.output and "Traceback" not in result.output
+
+
+def test_report_on_the_embedded_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("BURST_STATE_DIR", str(state))
+    monkeypatch.delenv("BURST_DATABASE_URL", raising=False)
+    with Store(default_sqlite_url(state)) as store:
+        store.upgrade()
+        seed(store)
+    result = run("report", *WINDOW, "--group-by", "project", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["total"]["cost_usd"] == "600.00"

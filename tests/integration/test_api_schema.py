@@ -1,0 +1,83 @@
+"""Schemathesis against the served ``/openapi.json`` (real HTTP, real store on SQLite and
+PostgreSQL): every operation but the agents' fuzzed with valid and invalid inputs under an admin
+token, bounded
+(``MAX_EXAMPLES`` per operation and mode, derandomized so a run is reproducible); no answer may
+be a 5xx, and every error must be a problem document.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+
+from orchestrator.domain import NodeState
+from orchestrator.store import Store
+from tests.builders import POOL, make_rig
+from tests.integration.api_support import PROBLEM_JSON, add_node, make_tokens, runtime_of, served
+
+MAX_EXAMPLES = 12
+# The node agents' routes authenticate with node credentials and belong to the fabric's contract
+# (orchestrator/fabric/agent.py); they are left out of this run. Set BURST_FUZZ_AGENT_ROUTES=1
+# to fuzz them too.
+AGENT_PREFIX = "/v1/agent/" if not os.environ.get("BURST_FUZZ_AGENT_ROUTES") else "/-none-/"
+
+
+def test_fuzzing_the_schema_finds_no_server_error(store: Store, tmp_path: Path) -> None:
+    rig = make_rig(store)
+    rt = runtime_of(rig, tmp_path)
+    tokens = make_tokens(store, rig)
+    add_node(rig, 1, "research", NodeState.BOOTING)
+    store.submit_job("research", POOL, 8, 0, 600.0, None, rig.now - timedelta(minutes=5))
+    auth = {"Authorization": f"Bearer {tokens.admin}"}
+    failures: list[str] = []
+    unfuzzable: list[str] = []
+    calls = 0
+    with served(rt) as client:
+        base = str(client.base_url).rstrip("/")
+        schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+        operations = [op for op in (r.ok() for r in schema.get_all_operations())
+                      if not op.path.startswith(AGENT_PREFIX)]
+        assert len(operations) >= 10, [op.label for op in operations]
+        for operation in operations:
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+                @given(case=operation.as_strategy(generation_mode=mode, headers=auth))
+                @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+                          derandomize=True, suppress_health_check=list(HealthCheck))
+                def fuzz(case: schemathesis.Case) -> None:
+                    nonlocal calls
+                    calls += 1
+                    response = case.call(base_url=base, timeout=10)
+                    content_type = ",".join(response.headers.get("content-type", []))
+                    if response.status_code >= 500:
+                        failures.append(f"{case.operation.label} -> {response.status_code}: "
+                                        f"{case.as_curl_command()}")
+                    elif response.status_code >= 400 and not content_type.startswith(PROBLEM_JSON):
+                        failures.append(f"{case.operation.label} -> {response.status_code} "
+                                        f"{content_type}, not a problem document")
+
+                try:
+                    fuzz()
+                except Unsatisfiable:
+                    # An operation with nothing to get wrong (no parameters, no body) has no
+                    # invalid inputs to generate.
+                    assert mode is GenerationMode.NEGATIVE, operation.label
+                    unfuzzable.append(operation.label)
+    assert not failures, "\n".join(failures[:20])
+    assert calls >= len(operations) * MAX_EXAMPLES // 2, calls
+    assert set(unfuzzable) <= {"GET /healthz", "GET /readyz", "GET /metrics"}, unfuzzable
+
+
+def test_the_schema_declares_bearer_auth(store: Store, tmp_path: Path) -> None:
+    rig = make_rig(store)
+    with served(runtime_of(rig, tmp_path)) as client:
+        schema = client.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["token"] == {
+        "type": "http", "scheme": "bearer",
+        "description": "An API token from `burst token create` (roles: admin, viewer, submitter)."}
