@@ -2,12 +2,13 @@
 
 One tick:
 
-1. the built-in queue finishes on-prem jobs whose time is up and starts what fits on-prem;
-2. ``reconciler.sync``: record what each provider really has (booted, gone, vanished);
-3. ``reconciler.step`` -> corrective actions (leaks, stuck nodes, lost heartbeats), executed;
-   then the cost ledger is rolled up to now (``costs.ledger.roll_up``): budgets see current spend;
-4. observe a Snapshot, ``plan()`` it, execute the plan (decisions and memory are stored first);
-5. if a launch hit a capacity error, the offering is now in the negative-capacity cache: observe and
+1. ``reconciler.sync``: record what each provider really has (booted, gone, vanished);
+2. ``reconciler.step`` -> corrective actions (leaks, stuck nodes, lost heartbeats), executed;
+3. the planning pass shared with the Celery tick (:func:`orchestrator.tick.planning_pass`): the
+   built-in queue finishes on-prem jobs whose time is up and starts what fits on-prem; the cost
+   ledger is rolled up to now (budgets see current spend); a Snapshot is observed, ``plan()``
+   run, and the plan executed (decisions and memory are stored first);
+4. if a launch hit a capacity error, the offering is now in the negative-capacity cache: observe and
    plan again within the same tick, so the next offering is launched without waiting a tick.
 
 The loop holds no state of its own: everything lives in the store, so a restart (or a crash at any
@@ -22,11 +23,10 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from orchestrator.costs.ledger import billing_rules, roll_up
 from orchestrator.domain.plan import Decision
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
-from orchestrator.planner import plan as make_plan
+from orchestrator.tick import planning_pass, record_tick
 from orchestrator.wiring import Runtime
 
 log = logging.getLogger(__name__)
@@ -62,31 +62,21 @@ class ControlLoop:
                 log.warning("provider %s: cannot list instances this tick: %s", name, exc)
         return observed
 
-    def roll_up_costs(self, now: datetime) -> None:
-        """Bring the cost ledger up to ``now`` before observing. A failure is logged, not fatal:
-        planning must go on, and budgets add what the ledger has not reached (``costs.spend``)."""
-        rt = self.runtime
-        try:
-            roll_up(rt.store, rt.policies, now, billing=billing_rules(rt.observer.catalogue()))
-        except Exception:  # noqa: BLE001 - see the docstring
-            log.exception("cost roll-up failed; the next tick catches up")
-
     def tick(self) -> TickReport:
         rt = self.runtime
         started = time.perf_counter()
         now = rt.clock.now()
         report = TickReport(at=now)
-        rt.queue.dispatch_onprem(now)
+        # Reality first: what providers really have, then the fixes it calls for (the on-prem
+        # dispatch and the cost roll-up come in the planning pass, before observing).
         rt.reconciler.sync(self.observe_providers(), now)
         corrective = rt.reconciler.step(now)
         report.corrective = len(corrective)
         report.execution.merge(rt.executor.run(corrective))
-        self.roll_up_costs(now)
 
         for attempt in range(1 + MAX_REPLANS):
-            snapshot = rt.observer.snapshot(now)
-            plan = make_plan(snapshot, rt.policies.values(), now)
-            executed = rt.executor.execute(plan)
+            done = planning_pass(rt, rt.policies.values(), now, rt.executor.execute)
+            snapshot, plan, executed = done.snapshot, done.plan, done.outcome
             report.decisions.extend(plan.decisions)
             report.execution.merge(executed)
             if not executed.capacity_errors:
@@ -102,16 +92,8 @@ class ControlLoop:
                      ", ".join(executed.capacity_errors), attempt + 1)
             now = rt.clock.now()
         report.duration_s = time.perf_counter() - started
-        self._record_tick(report)
+        record_tick(rt, rt.policies, report.at, started)
         return report
-
-    def _record_tick(self, report: TickReport) -> None:
-        """Store the tick's duration for the metrics endpoint (every policy ticked together)."""
-        try:
-            for name in self.runtime.policies:
-                self.runtime.store.record_tick(name, report.at, report.duration_s)
-        except Exception:  # noqa: BLE001 - timing is for metrics; it must not fail a tick
-            log.warning("could not record the tick's duration", exc_info=True)
 
     def run(self, stop: threading.Event, on_tick=None) -> None:
         """Tick every ``tick_s`` until ``stop`` is set; a failing tick is logged, not fatal."""

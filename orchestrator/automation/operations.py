@@ -28,15 +28,14 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
-from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
 from orchestrator.costs.report import allocate_cents
 from orchestrator.costs.report import cents as cents_of
 from orchestrator.domain.costs import NONE as NO_NODE
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
-from orchestrator.planner import plan as make_plan
 from orchestrator.policy.models import Policy
 from orchestrator.store.ledger import CostSums
+from orchestrator.tick import planning_pass, record_tick, roll_up_costs
 from orchestrator.wiring import Runtime
 
 GROUP_KEYS = ("project", "provider", "instance_type", "pool", "day")
@@ -217,11 +216,8 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
     else:
         now = rt.clock.now()
         started = time.perf_counter()
-        rt.queue.dispatch_onprem(now)
-        roll_up_costs(rt, now)  # before observing: budgets see current spend
-        snapshot = rt.observer.snapshot(now)
-        result = make_plan(snapshot, [rt.policies[policy]], now)
-        report = rt.executor.execute(result)
+        done = planning_pass(rt, [rt.policies[policy]], now, rt.executor.execute)
+        result, report = done.plan, done.outcome
         outcome = {
             "policy": policy, "leader": True,
             "decisions": [d.id for d in result.decisions],
@@ -232,7 +228,7 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
         if report.errors or report.capacity_errors:
             outcome["errors"] = report.errors + [f"capacity: {k}" for k in report.capacity_errors]
         # The Celery tick records its own timing; this in-process evaluation is a tick too.
-        rt.store.record_tick(policy, now, time.perf_counter() - started)
+        record_tick(rt, [policy], now, started)
     decisions = outcome.pop("decisions", [])
     if not outcome.get("leader", False):
         outcome["note"] = ("another worker holds this policy's leader lease and is planning it "
@@ -327,12 +323,6 @@ def drain_pool(rt: Runtime, pool: str, reason: str = "") -> dict:
     }
 
 
-def roll_up_costs(rt: Runtime, now: datetime) -> RollupResult:
-    """Bring the cost ledger up to ``now`` with the runtime's policies and the billing rules of
-    its providers' offerings (idempotent: cheap when nothing changed)."""
-    return roll_up(rt.store, rt.policies, now, billing=billing_rules(rt.observer.catalogue()))
-
-
 def spend_report(rt: Runtime, since: datetime | None = None, until: datetime | None = None,
                  group_by: str | Iterable[str] = ("project",)) -> dict:
     """Burst spend between ``since`` (default: the beginning) and ``until`` (default: now),
@@ -346,7 +336,7 @@ def spend_report(rt: Runtime, since: datetime | None = None, until: datetime | N
     end = until or now
     if since is not None and since >= end:
         raise InvalidArgument(f"since: {_iso(since)} must be before until ({_iso(end)})", "since")
-    roll_up_costs(rt, now)
+    roll_up_costs(rt, now, strict=True)  # a report must include everything up to now
     rows: dict[tuple[str, ...], _Row] = {}
     total = _Row()
     # Grouped by node too, to count distinct nodes; on-prem lines (no node) are not burst spend.
@@ -396,5 +386,5 @@ class _Row:
 __all__ = [
     "GROUP_KEYS", "DrainArgs", "EvaluateArgs", "InvalidArgument", "PauseArgs", "PoolArgs",
     "PrewarmArgs", "SpendArgs", "drain_pool", "evaluate", "parse", "parse_group_by", "parse_time",
-    "pause", "pools_of", "prewarm", "resume", "roll_up_costs", "spend_report",
+    "pause", "pools_of", "prewarm", "resume", "spend_report",
 ]

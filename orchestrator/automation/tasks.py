@@ -26,15 +26,12 @@ from celery import shared_task
 
 from orchestrator.automation.leader import lead
 from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
-from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
 from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
-from orchestrator.planner import plan as make_plan
 from orchestrator.reconciler import Reconciler
-from orchestrator.sources.builtin import BuiltinQueue
-from orchestrator.store import Store
 from orchestrator.store.fencing import StaleLeaderError
+from orchestrator.tick import planning_pass, record_tick, roll_up_costs
 
 log = logging.getLogger(__name__)
 
@@ -102,49 +99,24 @@ def tick(policy_name: str, replan: bool = False) -> dict:
             # every tick; the lease alone lets the later one plan again once the first released).
             return {"policy": policy_name, "leader": False, "reason": "tick already planned"}
         executor, _ = _fenced(scope, token)
-        # On-prem dispatch writes jobs: through the fenced store too, so a deposed leader's is refused.
-        BuiltinQueue(executor.store, [policy]).dispatch_onprem(now)
-        _roll_up_costs(executor.store, now, only_policies={policy_name})  # budgets see it now
-        snapshot = rt.observer.snapshot(now)
-        result = make_plan(snapshot, [policy], now)
-        for decision in result.decisions:
-            executor.store.add_decision(decision)
-        for name, memory in result.memory.items():
-            executor.store.save_memory(name, memory)
-        to_dispatch = []
-        for action in result.actions:
-            if isinstance(action, Launch):
-                if executor.record_launch(action) is None:
+
+        def record_and_dispatch(result) -> dict:
+            # Intents first (decisions, memory, ``requested`` nodes), then one task per side effect.
+            for decision in result.decisions:
+                executor.store.add_decision(decision)
+            for name, memory in result.memory.items():
+                executor.store.save_memory(name, memory)
+            to_dispatch = []
+            for action in result.actions:
+                if isinstance(action, Launch) and executor.record_launch(action) is None:
                     continue  # a duplicate of a launch recorded before
-            to_dispatch.append(action)
-        counts = _dispatch(to_dispatch)
-        _record_tick(rt, policy_name, now, time.perf_counter() - started)
+                to_dispatch.append(action)
+            return _dispatch(to_dispatch)
+
+        done = planning_pass(rt, [policy], now, record_and_dispatch, store=executor.store)
+        record_tick(rt, [policy_name], now, started)
         return {"policy": policy_name, "leader": True, "fence": token,
-                "decisions": [d.id for d in result.decisions], **counts}
-
-
-def _record_tick(rt, policy_name: str, at: datetime, duration_s: float) -> None:
-    """Store a planned tick's duration for the metrics endpoint (not fenced: timing is no state
-    a deposed leader could corrupt)."""
-    try:
-        rt.store.record_tick(policy_name, at, duration_s)
-    except Exception:  # noqa: BLE001 - timing is for metrics; it must not fail the tick
-        log.warning("could not record the tick's duration", exc_info=True)
-
-
-def _roll_up_costs(store: Store, now: datetime, only_policies: set[str] | None = None
-                   ) -> RollupResult | None:
-    """Bring the cost ledger up to ``now``. In a tick a failure is logged, not fatal: planning
-    must go on, and budgets add what the ledger has not reached yet (``costs.spend``)."""
-    rt = runtime()
-    try:
-        return roll_up(store, rt.policies, now, billing=billing_rules(rt.observer.catalogue()),
-                       only_policies=only_policies)
-    except StaleLeaderError:
-        raise
-    except Exception:  # noqa: BLE001 - see the docstring
-        log.exception("cost roll-up failed at %s; the next one catches up", now.isoformat())
-        return None
+                "decisions": [d.id for d in done.plan.decisions], **done.outcome}
 
 
 @shared_task(name="burst.cost.rollup", ignore_result=False)
@@ -160,8 +132,7 @@ def cost_rollup() -> dict:
             return {"leader": False}
         now = rt.clock.now()
         try:
-            result = roll_up(rt.store.fenced(scope, token), rt.policies, now,
-                             billing=billing_rules(rt.observer.catalogue()))
+            result = roll_up_costs(rt, now, store=rt.store.fenced(scope, token), strict=True)
         except StaleLeaderError as exc:
             # A newer roll-up took over while this one ran past its lease: it writes the same.
             return {"leader": False, "reason": str(exc)}

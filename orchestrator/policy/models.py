@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from datetime import UTC, timedelta
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
 from orchestrator.policy.units import Duration, Money
 
-from orchestrator.policy.base import NAME_PATTERN, Name, PolicyModel, field_problem
+from orchestrator.policy.base import Name, PolicyModel, field_problem
 from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.providers import ProviderSettings
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic.json_schema import GenerateJsonSchema
 
-from orchestrator.policy.models import NAME_PATTERN, Policy
+from orchestrator.policy.base import NAME_PATTERN
+from orchestrator.policy.models import Policy
 from orchestrator.policy.units import DURATION_PATTERN, MONEY_PATTERN, format_duration
 
 

@@ -149,10 +149,14 @@ def test_budgets_see_the_spend_of_the_run_and_stop_launches_at_their_limit():
                         budget_commitment={"default_runtime": "1h", "overhead": "5m"})
     engine = run_with(lambda p: PolicyController(p, "capped"), policy, jobs, nodes=0)
     cost = sum(b.cost_micro_usd for b in engine.provider.bills()) / 1e6
-    # Each 8-GPU hour on an $8/h node commits about $10.7 (1 h + 5 m + the 10 m idle tail): the
-    # budget lets a few through, then its spend (observed from the run's own nodes) stops them.
-    assert 8 <= cost <= 40
+    # Each launch commits about $10.7 ($8/h x (1 h + 5 m + the 10 m idle tail)): the budget lets
+    # four through, then its spend (observed from the run's own nodes) stops launches. A node
+    # that runs more jobs than its commitment covered takes spend a little past the limit (the
+    # drain grade then removes it), which is the budget rule's design, not the simulator's.
+    assert 30 <= cost < 45
+    assert engine.counters.launches == 4
     assert any(k.startswith("budgets[cap]") for k in engine.store.held_back)
-    assert sum(1 for j in engine.world.jobs if j.state == DONE) < len(jobs)
+    assert "budget cap at" in engine.store.decisions[-1].summary
+    assert sum(1 for j in engine.world.jobs if j.state == DONE) < len(jobs.jobs)
     spend = engine.controller.meter.observe(engine.clock.now())["simtest/cap"]
     assert float(spend.spent_usd) == pytest.approx(cost, rel=0.02)  # per-second billing aside

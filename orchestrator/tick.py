@@ -1,0 +1,106 @@
+"""One planning pass: the sequence every driver of the control loop shares.
+
+The embedded loop (:mod:`orchestrator.loop`), the Celery tick (:mod:`orchestrator.automation.tasks`)
+and an on-demand evaluation (:func:`orchestrator.automation.operations.evaluate`) plan the same
+way: start on-prem what fits, roll the cost ledger up to now (so budgets see current spend),
+observe a snapshot, plan, then carry the plan out. They differ only in how the plan is carried out
+(at once in this process, or recorded and handed to worker tasks) and in which store the writes go
+through (the Celery tick's is fenced with its leader token). Those two are the parameters here, so
+the sequence itself exists once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
+from orchestrator.domain.plan import Plan
+from orchestrator.domain.snapshot import Snapshot
+from orchestrator.planner import plan as make_plan
+from orchestrator.policy.models import Policy
+from orchestrator.sources.builtin import BuiltinQueue
+from orchestrator.store import Store
+from orchestrator.store.fencing import StaleLeaderError
+from orchestrator.wiring import Runtime
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPass(Generic[T]):
+    """What one pass saw, decided and did (``outcome`` is whatever ``carry_out`` returned)."""
+
+    now: datetime
+    snapshot: Snapshot
+    plan: Plan
+    outcome: T
+
+
+def roll_up_costs(rt: Runtime, now: datetime, *, store: Store | None = None,
+                  only_policies: set[str] | None = None, strict: bool = False
+                  ) -> RollupResult | None:
+    """Bring the cost ledger up to ``now``.
+
+    Inside a tick a failure is logged, not raised: planning must go on, and budgets add what the
+    ledger has not reached yet (:func:`orchestrator.costs.spend.spend`). ``strict`` raises instead
+    (a report that must be exact). A stale leader's refusal always propagates: the caller's turn
+    is over.
+    """
+    try:
+        return roll_up(store or rt.store, rt.policies, now,
+                       billing=billing_rules(rt.observer.catalogue()), only_policies=only_policies)
+    except StaleLeaderError:
+        raise
+    except Exception:
+        if strict:
+            raise
+        log.exception("cost roll-up failed at %s; the next one catches up", now.isoformat())
+        return None
+
+
+def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
+                  carry_out: Callable[[Plan], T], *, store: Store | None = None) -> PlanPass[T]:
+    """Dispatch on-prem, roll up costs, observe, plan ``policies`` at ``now``, and carry out.
+
+    ``store``: where the pass writes (jobs started on-prem, ledger lines); the runtime's own by
+    default. ``carry_out`` receives the plan and is responsible for storing its decisions and
+    memory before any side effect (the executor does; the Celery tick records them itself).
+    """
+    policies = list(policies)
+    store = store or rt.store
+    if store is rt.store:
+        rt.queue.dispatch_onprem(now)  # the runtime's queue: its lock is shared with the API
+    else:
+        # A fenced store: on-prem dispatch writes jobs, so a deposed leader's must be refused too.
+        BuiltinQueue(store, policies).dispatch_onprem(now)
+    names = {p.name for p in policies}
+    # In process, planning every loaded policy: roll up everything, nodes of policies since
+    # removed included. A leader (fenced store) rolls up its own policies' nodes only: the rest
+    # is the ``burst.cost.rollup`` task's, under its own lease.
+    everything = store is rt.store and names >= set(rt.policies)
+    roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
+    snapshot = rt.observer.snapshot(now)
+    result = make_plan(snapshot, policies, now)
+    return PlanPass(now, snapshot, result, carry_out(result))
+
+
+def record_tick(rt: Runtime, policies: Iterable[str], at: datetime, started: float) -> None:
+    """Store a tick's duration (from ``started``, a ``perf_counter`` reading) per policy, for the
+    metrics endpoint. Not fenced: timing is no state a deposed leader could corrupt; and a failure
+    is logged, since metrics must never fail a tick."""
+    duration = time.perf_counter() - started
+    try:
+        for name in policies:
+            rt.store.record_tick(name, at, duration)
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.warning("could not record the tick's duration", exc_info=True)
+
+
+__all__ = ["PlanPass", "planning_pass", "record_tick", "roll_up_costs"]
