@@ -94,7 +94,7 @@ from libcloud.compute.types import NodeState
 from libcloud.compute.types import Provider as LibcloudProviderName
 
 from orchestrator.domain.nodes import OwnershipTags
-from orchestrator.domain.offerings import Market, Offering, offering_key
+from orchestrator.domain.offerings import BillingRule, Market, Offering, offering_key
 from orchestrator.domain.ports import (
     AuthError,
     CapacityError,
@@ -343,6 +343,9 @@ class LibcloudProvider:
                 gpu_model=str(_attr(facts, "gpu_model", "") or ""),
                 vcpus=int(vcpus) if vcpus else None,
                 memory_gib=round(float(ram) / 1024, 3) if ram else None,
+                # The cost ledger bills by this rule: clouds behind libcloud differ (hourly, ...).
+                billing=BillingRule(minimum_s=int(_attr(facts, "billing_minimum_s", 60)),
+                                    increment_s=int(_attr(facts, "billing_increment_s", 1))),
             ))
         return offerings
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
+from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.api.problems import Problem
@@ -28,40 +30,54 @@ _CAS_RETRIES = 8
 log = logging.getLogger(__name__)
 
 
+# Ids the controller hands out (node and job ids) and free text an agent reports: bounded, and no
+# control characters, so nothing a node sends can reach the database as a value it refuses (a NUL
+# byte in PostgreSQL text) or as an integer past 64 bits: such a request is a 422, never a 500.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+NodeIdField = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+JobIdField = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+INT32_MAX = 2**31 - 1
+
+
+def _text(max_length: int):
+    return Field(default=None, max_length=max_length, pattern=TEXT_PATTERN)
+
+
 class RegisterIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    node_id: str = Field(min_length=1, max_length=128)
-    join_token: str = Field(min_length=1, max_length=256)
-    gpus: int = Field(ge=0, default=0)
-    gpu_model: str | None = None
-    hostname: str | None = None
-    pid: int | None = None
-    gpu_inventory: list[dict] | None = None
-    gpu_source: str | None = Field(default=None, max_length=32)
+    node_id: NodeIdField
+    join_token: str = Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
+    gpus: int = Field(ge=0, le=4096, default=0)
+    gpu_model: str | None = _text(128)
+    hostname: str | None = _text(255)
+    pid: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    gpu_inventory: list[dict] | None = Field(default=None, max_length=256)
+    gpu_source: str | None = _text(32)
 
 
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    node_id: str
+    node_id: NodeIdField
     status: str = Field(pattern="^(idle|busy|released)$")
-    job_id: str | None = None
+    job_id: JobIdField | None = None
     fabric_state: str | None = Field(default=None, pattern="^(joining|joined|draining|released|failed)$")
-    fabric_error: str | None = Field(default=None, max_length=2000)
+    fabric_error: str | None = _text(2000)
     notice: dict | None = None  # {source, action, deadline}: a spot/preemption notice
     drain_report: dict | None = None
 
 
 class NextIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    node_id: str
-    free_gpus: int = Field(ge=0)
+    node_id: NodeIdField
+    free_gpus: int = Field(ge=0, le=4096)
 
 
 class FinishIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    node_id: str
+    node_id: NodeIdField
     outcome: str = Field(pattern="^(done|failed|handed-back)$")
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)
 
 
 def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
@@ -217,7 +233,7 @@ def router(runtime: Runtime) -> APIRouter:
         return {"job": {"id": job.id, "command": job.command, "duration_s": job.duration_s, "gpus": job.gpus}}
 
     @api.post("/jobs/{job_id}/finish")
-    def finish(job_id: str, body: FinishIn, authorization: str | None = Header(default=None)) -> dict:
+    def finish(job_id: Annotated[str, PathParam(max_length=128, pattern=ID_PATTERN)], body: FinishIn, authorization: str | None = Header(default=None)) -> dict:
         _authorised(runtime, body.node_id, authorization)
         accepted = runtime.queue.finish(job_id, body.node_id, body.outcome, body.exit_code,
                                         runtime.clock.now())

@@ -79,6 +79,12 @@ class LibcloudSize(PolicyModel):
     gpus: int = Field(ge=1, description="GPUs per node.")
     gpu_model: str = Field(default="", description="GPU model.")
     price_usd_hour: Money = Field(description="Hourly price.")
+    billing_minimum_s: int = Field(
+        default=60, ge=0, le=86_400,
+        description="Shortest time the cloud bills (AWS/GCP Linux: 60 s; an hourly cloud: 3600).")
+    billing_increment_s: int = Field(
+        default=1, ge=1, le=86_400,
+        description="Billing granularity in seconds after the minimum (per second: 1; hourly: 3600).")
 
 
 class LibcloudConfig(PolicyModel):

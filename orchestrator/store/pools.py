@@ -4,9 +4,7 @@ One ``pool_controls`` row per pool that an operator ever touched; a pool without
 paused nor pre-warmed. Every write is an upsert of one row, so repeating a command (a re-delivered
 task, a retried CLI call) leaves the same state. Pausing a pool that is already paused keeps its
 first ``paused_at`` (the reason is replaced). Times are passed in, never read from a clock.
-
-Also here: the billing view of the node event log that spend reports read (when each node's
-instance started costing money and when its termination was confirmed).
+(What nodes cost is the cost ledger's: :mod:`orchestrator.store.ledger`.)
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.snapshot import PoolControl
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
@@ -97,24 +94,6 @@ class PoolControls(StoreBase):
         with self._write() as conn:
             conn.execute(stmt)
             return _read_control(conn, pool)
-
-    # -- billing view of the event log -----------------------------------------------------------
-
-    def billing_spans(self) -> dict[str, tuple[datetime, datetime | None]]:
-        """Per node that ever reached ``launching``: when it did (cost starts: the provider
-        accepted the launch) and when its termination was confirmed (None: still costing)."""
-        c = T.node_events.c
-        at = sa.type_coerce(c.at, T.UtcDateTime())
-        launched = sa.func.min(sa.case((c.to_state == NodeState.LAUNCHING.value, at)))
-        ended = sa.func.min(sa.case((c.to_state == NodeState.TERMINATED.value, at)))
-        query = (
-            sa.select(c.node_id, sa.type_coerce(launched, T.UtcDateTime()).label("launched"),
-                      sa.type_coerce(ended, T.UtcDateTime()).label("ended"))
-            .group_by(c.node_id)
-        )
-        with self._read() as conn:
-            rows = conn.execute(query).all()
-        return {r.node_id: (r.launched, r.ended) for r in rows if r.launched is not None}
 
 
 def _pool(pool: str) -> str:

@@ -104,6 +104,21 @@ def test_offerings_come_from_the_configured_sizes_matched_to_flavors(nova, token
                for o in offerings.values())
 
 
+def test_a_size_carries_its_clouds_billing_rule_into_the_offering(nova, token_env):
+    """The cost ledger bills by the offering's rule; a libcloud cloud may bill by the hour."""
+    from orchestrator.domain.offerings import BillingRule
+    from orchestrator.policy.providers import LibcloudSize
+
+    hourly = LibcloudSize(gpus=1, gpu_model="A100-80GB", price_usd_hour=3.2,
+                          billing_minimum_s=3600, billing_increment_s=3600)
+    sizes = dict(SIZES, **{"g1.a100.1": hourly})
+    provider = LibcloudProvider(libcloud_config(nova, sizes=sizes), region="regionOne", **FAST)
+    offerings = {o.instance_type: o for o in provider.offerings()}
+    assert offerings["g1.a100.1"].billing == BillingRule(minimum_s=3600, increment_s=3600)
+    assert offerings["g1.a100.1"].billing.billed_seconds(3601) == 7200
+    assert offerings["gpu.a100.4x"].billing == BillingRule(minimum_s=60, increment_s=1)
+
+
 def test_the_region_defaults_to_default(provider):
     assert {o.region for o in provider.offerings()} == {"default"}
 

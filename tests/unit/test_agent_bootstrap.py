@@ -12,8 +12,8 @@ from orchestrator.fabric.bootstrap import (
     BLOCK_BEGIN,
     BLOCK_TERMINATOR,
     ENV_NAMES,
-    SCRIPT_TEMPLATE,
     Bootstrap,
+    script_template,
 )
 
 
@@ -61,7 +61,16 @@ def test_render_shape() -> None:
     for name in ENV_NAMES.values():
         assert f"export {name}=" in text
     assert BLOCK_BEGIN in text and f"\n{BLOCK_TERMINATOR}\n" in text
-    assert "{exports}" in SCRIPT_TEMPLATE  # the template is data, not code
+    assert "{exports}" in script_template()  # the template is data, not code
+
+
+def test_the_template_rendered_is_the_one_in_infra() -> None:
+    """Operators read and adapt infra/bootstrap/user-data.sh.tmpl; the package renders exactly it."""
+    from pathlib import Path
+
+    infra = Path(__file__).resolve().parents[2] / "infra" / "bootstrap" / "user-data.sh.tmpl"
+    assert infra.read_text(encoding="utf-8") == script_template()
+    assert infra.read_text(encoding="utf-8").splitlines()[-1] in make().render().splitlines()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
