@@ -21,7 +21,7 @@ from orchestrator.lifecycle import transition
 from orchestrator.observe import Observer
 from orchestrator.store import Store
 from orchestrator.wiring import Runtime, Settings
-from tests.builders import Rig, make_rig
+from tests.builders import Rig
 
 PROBLEM_JSON = "application/problem+json"
 

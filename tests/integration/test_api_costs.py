@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,9 +16,11 @@ from orchestrator.costs.ledger import roll_up
 from orchestrator.costs.report import CostQuery, cost_report, parse_group_by
 from orchestrator.domain import NodeState
 from orchestrator.store import Store
-from orchestrator.wiring import Runtime
 from tests.builders import T0, Rig, make_policy, make_rig
-from tests.integration.api_support import Tokens, bearer, make_tokens, runtime_of, served
+from tests.integration.api_support import (
+    Tokens,
+    bearer,
+)
 
 S = NodeState
 DAY0 = T0.replace(hour=0)
@@ -42,22 +42,6 @@ def rig(store: Store) -> Rig:
     rig.clock.advance(hours=30)
     roll_up(store, [rig.policy], rig.now)
     return rig
-
-
-@pytest.fixture
-def rt(rig: Rig, tmp_path: Path) -> Runtime:
-    return runtime_of(rig, tmp_path)
-
-
-@pytest.fixture
-def tokens(store: Store, rig: Rig) -> Tokens:
-    return make_tokens(store, rig)
-
-
-@pytest.fixture
-def client(rt: Runtime) -> Iterator[httpx.Client]:
-    with served(rt) as c:
-        yield c
 
 
 def costs(client: httpx.Client, secret: str, **params: str) -> dict:

@@ -5,9 +5,7 @@ scrape time; and tick timing recorded by the embedded loop and by an operator's 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,14 +17,11 @@ from orchestrator.domain import NodeState
 from orchestrator.loop import ControlLoop
 from orchestrator.store import Store
 from orchestrator.wiring import Runtime
-from tests.builders import POOL, Rig, make_rig, offering_of
+from tests.builders import POOL, Rig, offering_of
 from tests.integration.api_support import (
     Tokens,
     add_node,
     bearer,
-    make_tokens,
-    runtime_of,
-    served,
 )
 
 S = NodeState
@@ -37,27 +32,6 @@ FAMILIES = {
     "burst_queue_mean_wait_seconds", "burst_tick_duration_seconds",
     "burst_tick_last_duration_seconds", "burst_tick_last_timestamp_seconds", "burst_scrape_errors",
 }
-
-
-@pytest.fixture
-def rig(store: Store) -> Rig:
-    return make_rig(store)
-
-
-@pytest.fixture
-def rt(rig: Rig, tmp_path: Path) -> Runtime:
-    return runtime_of(rig, tmp_path)
-
-
-@pytest.fixture
-def tokens(store: Store, rig: Rig) -> Tokens:
-    return make_tokens(store, rig)
-
-
-@pytest.fixture
-def client(rt: Runtime) -> Iterator[httpx.Client]:
-    with served(rt) as c:
-        yield c
 
 
 def scrape(client: httpx.Client, secret: str) -> dict[str, dict[tuple, float]]:

@@ -8,7 +8,6 @@ and fails on a route this file does not check, so a new route cannot ship withou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,15 +18,12 @@ from orchestrator.domain import NodeState, Rule
 from orchestrator.domain.plan import Decision
 from orchestrator.store import Store
 from orchestrator.wiring import Runtime
-from tests.builders import POOL, T0, Rig, make_rig
+from tests.builders import POOL, T0, Rig
 from tests.integration.api_support import (
     PROBLEM_JSON,
     Tokens,
     add_node,
     bearer,
-    make_tokens,
-    runtime_of,
-    served,
 )
 
 S = NodeState
@@ -46,27 +42,6 @@ ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     ("GET", "/metrics", None, {"admin"}),
 ]
 PUBLIC = {"/healthz", "/readyz"}
-
-
-@pytest.fixture
-def rig(store: Store) -> Rig:
-    return make_rig(store)
-
-
-@pytest.fixture
-def rt(rig: Rig, tmp_path: Path) -> Runtime:
-    return runtime_of(rig, tmp_path)
-
-
-@pytest.fixture
-def tokens(store: Store, rig: Rig) -> Tokens:
-    return make_tokens(store, rig)
-
-
-@pytest.fixture
-def client(rt: Runtime) -> Iterator[httpx.Client]:
-    with served(rt) as c:
-        yield c
 
 
 def call(client: httpx.Client, method: str, path: str, body: dict | None,
