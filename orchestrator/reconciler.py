@@ -145,6 +145,13 @@ class Reconciler:
         actions: list[Action] = []
         nodes = self.store.nodes(include_terminated=True)
         by_id = {n.id: n for n in nodes}
+        retry_gone = getattr(self.fabric, "retry_gone", None)
+        if retry_gone is not None:
+            # Fabric clean-ups a departure could not finish (e.g. Slurm unreachable then).
+            try:
+                retry_gone(by_id, now)
+            except Exception:  # noqa: BLE001 - a fabric outage must not stop the reconciler
+                log.warning("fabric clean-up retry failed; tried again next pass", exc_info=True)
         for provider, instances in self._last_seen.items():
             for instance in instances:
                 if instance.state in _GONE:

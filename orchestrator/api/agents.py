@@ -190,6 +190,15 @@ def router(runtime: Runtime) -> APIRouter:
         except (FabricJoinError, SlurmError, ValueError) as exc:
             _advance(runtime, body.node_id, NodeState.FAILED, f"cannot join the fabric: {exc}")
             raise Problem(503, "cannot join the fabric", str(exc)) from None
+        except Exception as exc:
+            # The join token is spent and the node is JOINING: a 500 would leave it there,
+            # billing until the join timeout, while its agent gives up on the spent token. Fail
+            # it now so the reconciler terminates and replaces it.
+            log.exception("node %s: fabric join failed", body.node_id)
+            _advance(runtime, body.node_id, NodeState.FAILED,
+                     f"cannot join the fabric: {type(exc).__name__}: {exc}")
+            raise Problem(503, "cannot join the fabric",
+                          f"the fabric could not take the node ({type(exc).__name__})") from None
         if spec is not None:
             # Ready once the fabric shows the node usable (the agent reports "joined").
             return {"credential": credential, "heartbeat_s": heartbeat_s, "fabric": spec,

@@ -38,10 +38,10 @@ def router(runtime: Runtime) -> APIRouter:
         try:
             revision = runtime.store.schema_revision()
         except Exception as exc:  # noqa: BLE001 - any store failure means "not ready"
-            log.warning("readyz: store unreachable: %s", exc)
+            # The URL (host, user, database) goes to the log only: /readyz needs no token.
+            log.warning("readyz: store %s unreachable: %s", runtime.store.url, exc)
             raise Problem(503, "store unreachable",
-                          f"the store at {runtime.store.url} does not answer: "
-                          f"{type(exc).__name__}") from None
+                          f"the state store does not answer: {type(exc).__name__}") from None
         if revision != head:
             raise Problem(503, "store not migrated",
                           f"the store is at migration {revision or 'none'}, this build needs "

@@ -279,6 +279,10 @@ def _wait(job: JobRecord, now: datetime) -> float:
     return round(max((end - job.submitted_at).total_seconds(), 0.0), 1)
 
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def parse_time(value: str, parameter: str) -> datetime:
     """An ISO 8601 time with a timezone; a 422 naming ``parameter`` otherwise."""
     try:
@@ -288,7 +292,15 @@ def parse_time(value: str, parameter: str) -> datetime:
                                  f"(got {value[:60]!r})") from None
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise invalid(parameter, f"needs a timezone, e.g. Z or +02:00 (got {value[:60]!r})")
-    return moment.astimezone(UTC)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:
+        moment = None  # e.g. 0001-01-01T00:00+01:00: before the first representable instant
+    # Far enough from datetime's ends that the routes' date arithmetic cannot overflow.
+    if moment is None or not EARLIEST <= moment <= LATEST:
+        raise invalid(parameter, f"must lie between {EARLIEST.date()} and {LATEST.date()} "
+                                 f"(got {value[:60]!r})")
+    return moment
 
 
 __all__ = ["JobIn", "JobOut", "NodeOut", "QueueOut", "iso", "parse_time", "router"]

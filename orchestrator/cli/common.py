@@ -43,6 +43,34 @@ def load_settings(**overrides: Any) -> Settings:
         fail(f"bad settings file: {exc}")
 
 
+def open_store(settings: Settings):
+    """The store the settings name, ready for a command that reads or writes records.
+
+    The embedded default (a SQLite file in the state directory) is created and migrated on first
+    use. A database named by ``BURST_DATABASE_URL`` is never migrated behind the operator's back
+    (controllers may be running on the old schema): it must be at this build's migration, or the
+    command stops and says to run ``burst db upgrade``.
+    """
+    from orchestrator.store import Store
+    from orchestrator.store.migrate import head_revision
+
+    try:
+        store = Store(settings.store_url)
+        if settings.database_url is None:
+            store.upgrade()
+            return store
+        revision = store.schema_revision()
+    except Exception as exc:  # noqa: BLE001 - any connection/driver error, reported plainly
+        fail(f"cannot open the state store {settings.store_url.split('@')[-1]}: "
+             f"{type(exc).__name__}: {exc}")
+    head = head_revision()
+    if revision != head:
+        store.close()
+        fail(f"the store is at migration {revision or 'none'}, this build needs {head}: "
+             "run `burst db upgrade` first")
+    return store
+
+
 def load_policies(paths: list[Path] | None) -> list[Policy]:
     """Load policy files (the shipped default when none is given); exit 2 listing every problem."""
     paths = paths or [DEFAULT_POLICY]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orchestrator.cli.common import fail, load_settings, out, print_json
+from orchestrator.cli.common import fail, load_settings, open_store, out, print_json
 from orchestrator.cli.plan_cmd import render_plan
 from orchestrator.domain.plan import Plan
 from orchestrator.domain.snapshot_json import decision_to_jsonable
@@ -24,10 +24,7 @@ def decisions_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List recent decisions, newest first."""
-    from orchestrator.store import Store
-
-    store = Store(load_settings(state_dir=state_dir).store_url)
-    store.upgrade()
+    store = open_store(load_settings(state_dir=state_dir))
     found = store.decisions(policy=policy, limit=limit * 20 if acted else limit)
     store.close()
     if acted:
@@ -49,10 +46,7 @@ def explain_command(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one decision: inputs, rule, offerings weighed with their cost, and actions."""
-    from orchestrator.store import Store
-
-    store = Store(load_settings(state_dir=state_dir).store_url)
-    store.upgrade()
+    store = open_store(load_settings(state_dir=state_dir))
     decision = store.get_decision(decision_id)
     store.close()
     if decision is None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orchestrator.cli.common import age, fail, load_policies, load_settings, out, print_json
+from orchestrator.cli.common import age, fail, load_policies, load_settings, open_store, out, print_json
 from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import NodeState
 from orchestrator.policy import parse_duration
@@ -19,12 +19,7 @@ _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State direc
 
 
 def _store(state_dir: Path | None):
-    from orchestrator.store import Store
-
-    settings = load_settings(state_dir=state_dir)
-    store = Store(settings.store_url)
-    store.upgrade()
-    return store
+    return open_store(load_settings(state_dir=state_dir))
 
 
 def submit_command(

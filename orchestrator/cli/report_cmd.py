@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from orchestrator.cli.common import fail, load_policies, load_settings, out, print_json
+from orchestrator.api.v1 import EARLIEST, LATEST
+from orchestrator.cli.common import fail, load_policies, load_settings, open_store, out, print_json
 
 if TYPE_CHECKING:
     from orchestrator.costs.report import CostReport
@@ -68,11 +69,11 @@ def report_command(
     policies = load_policies(policy or list(settings.policy_files) or None) if png else []
     if png is not None and png.suffix.lower() != ".png":
         fail(f"--png: {png} should end in .png")
-    from orchestrator.store import Store
-
-    store = Store(settings.store_url)
+    if png is not None and (end - start).days > MAX_CHART_DAYS:
+        fail(f"--png: a chart shows at most {MAX_CHART_DAYS} days (one bar a day); narrow "
+             "--from/--to")
+    store = open_store(settings)
     try:
-        store.upgrade()
         query = CostQuery(since=start, until=end, group_by=keys, projects=projects or None,
                           pool=pool)
         report = cost_report(store, query)
@@ -181,6 +182,9 @@ def write_chart(daily: CostReport, policies: list[Policy], path: Path, start: da
     plt.close(fig)
 
 
+MAX_CHART_DAYS = 400  # one bar a day: wider charts are unreadable (and past matplotlib's limits)
+
+
 def _time(value: str, option: str) -> datetime:
     try:
         moment = datetime.fromisoformat(value.strip())
@@ -188,7 +192,13 @@ def _time(value: str, option: str) -> datetime:
         fail(f"{option}: not an ISO 8601 time, e.g. 2026-12-01T00:00:00Z (got {value!r})")
     if moment.tzinfo is None or moment.utcoffset() is None:
         fail(f"{option}: needs a timezone, e.g. 2026-12-01T00:00:00Z (got {value!r})")
-    return moment.astimezone(UTC)
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:
+        moment = None
+    if moment is None or not EARLIEST <= moment <= LATEST:
+        fail(f"{option}: must lie between {EARLIEST.date()} and {LATEST.date()} (got {value!r})")
+    return moment
 
 
 def _iso(moment: datetime | None) -> str:

@@ -34,12 +34,15 @@ def simulate_command(
     production planner deciding every tick; compare cost and queue wait."""
     from orchestrator.sim import SimOptions, SimulationError, TraceError, load_trace, simulate
 
-    try:
-        slo_s = parse_duration(slo).total_seconds()
-        tick_s = parse_duration(tick).total_seconds()
-        boot_s = parse_duration(boot_median).total_seconds()
-    except ValueError as exc:
-        fail(str(exc))
+    def seconds(option: str, value: str) -> float:
+        try:
+            return parse_duration(value).total_seconds()
+        except ValueError as exc:
+            fail(f"{option}: {exc}")
+
+    slo_s = seconds("--slo", slo)
+    tick_s = seconds("--tick", tick)
+    boot_s = seconds("--boot-median", boot_median)
     if tick_s <= 0:
         fail("--tick must be longer than 0s")
     if node_gpus is not None and node_gpus < 1:

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from orchestrator.cli.common import err, fail, load_settings, out, print_json
+from orchestrator.cli.common import err, fail, load_settings, open_store, out, print_json
 from orchestrator.policy import parse_duration
 
 token_app = typer.Typer(help="Create, list and revoke bearer tokens of the HTTP API.",
@@ -25,11 +25,7 @@ _JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON
 
 
 def _store(state_dir: Path | None):
-    from orchestrator.store import Store
-
-    store = Store(load_settings(state_dir=state_dir).store_url)
-    store.upgrade()
-    return store
+    return open_store(load_settings(state_dir=state_dir))
 
 
 @token_app.command("create")

@@ -6,7 +6,10 @@ three calls it routes the two joining calls the agent API uses:
 
 * ``join_spec(node, gpus) -> dict | None``: what the agent needs to join (None: the node is ready
   as soon as it registers, as in the built-in fabric);
-* ``confirm_joined(node) -> bool``: the fabric sees the node usable (checked before ``ready``).
+* ``confirm_joined(node) -> bool``: the fabric sees the node usable (checked before ``ready``);
+
+and the reconciler's ``retry_gone(nodes, now)``: finish fabric clean-ups a node's departure could
+not complete (Slurm unreachable at the time).
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ class FabricRouter:
 
     def node_gone(self, node: Node, at: datetime) -> int:
         return self.for_node(node).node_gone(node, at)
+
+    def retry_gone(self, nodes: Mapping[str, Node], now: datetime) -> int:
+        """Let every fabric that can finish an interrupted clean-up do so (see
+        ``SlurmFabric.retry_gone``); returns how many nodes were retried."""
+        retried = 0
+        fabrics = {id(f): f for f in (self.default, *self.by_policy.values())}
+        for fabric in fabrics.values():
+            retry = getattr(fabric, "retry_gone", None)
+            if retry is not None:
+                retried += retry(nodes, now)
+        return retried
 
     def join_spec(self, node: Node, gpus: int) -> dict[str, Any] | None:
         join_spec = getattr(self.for_node(node), "join_spec", None)

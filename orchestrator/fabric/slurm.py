@@ -21,7 +21,6 @@ Slurm still runs there, takes the node out of Slurm and frees its name.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
@@ -29,9 +28,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from orchestrator.domain.nodes import Node
+from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.policy.fabric import SlurmJoinMode
 from orchestrator.policy.models import Policy
+from orchestrator.sources.slurm import slurm_scope  # the queue source observes runs per scope
 from orchestrator.sources.slurm_cli import (
     UNUSABLE_NODE_FLAGS,
     USABLE_NODE_STATES,
@@ -43,17 +43,13 @@ from orchestrator.store.slots import SLOT
 
 log = logging.getLogger(__name__)
 
+# A node in these states is leaving for good: its Slurm name must be cleaned up and freed.
+GONE_STATES = frozenset({NodeState.TERMINATING, NodeState.TERMINATED, NodeState.FAILED})
 CLEANUP_PATIENCE_S = 10.0  # how long node_gone retries taking a busy node out of Slurm
 
 
 class FabricJoinError(Exception):
     """The node cannot join the fabric (no free slot, Slurm unreachable); the message says why."""
-
-
-def slurm_scope(policy: Policy) -> str:
-    """Names are unique per Slurm cluster: pools of one cluster share its slots."""
-    conf = policy.queue.slurm_conf or ""
-    return f"slurm:{hashlib.sha256(conf.encode()).hexdigest()[:16]}"
 
 
 def dynamic_name(node_id: str) -> str:
@@ -178,12 +174,35 @@ class SlurmFabric:
                 self._remove(cli, member.name, member.kind)
                 self._lift_holds(cli, requeued)
         except SlurmError as exc:
-            log.warning("node %s: Slurm clean-up of %s incomplete: %s", node.id, member.name, exc)
+            # Keep the name held: freeing it while Slurm still has the node (drained, or with
+            # jobs to requeue) would hand a new node a broken slot. The reconciler retries
+            # (:meth:`retry_gone`) until Slurm answers.
+            log.warning("node %s: Slurm clean-up of %s incomplete, retried at the next reconcile: "
+                        "%s", node.id, member.name, exc)
+            return len(requeued)
         self.store.release_fabric_member(node.id)
         if requeued:
             log.info("node %s gone: Slurm job(s) %s requeued from %s", node.id,
                      ", ".join(requeued), member.name)
         return len(requeued)
+
+    def retry_gone(self, nodes: Mapping[str, Node], now: datetime) -> int:
+        """Finish the Slurm clean-up of nodes that are gone (terminating, terminated, failed or
+        unknown) but still hold a Slurm name because Slurm did not answer before. Returns how
+        many were retried."""
+        retried = 0
+        for member in self.store.fabric_members():
+            if member.node_id is None:
+                continue
+            node = nodes.get(member.node_id)
+            if node is not None and node.state not in GONE_STATES:
+                continue
+            if node is None or node.policy not in self.policies:
+                self.store.release_fabric_member(member.node_id)  # nothing left to ask Slurm for
+                continue
+            self.node_gone(node, now)
+            retried += 1
+        return retried
 
     @staticmethod
     def _lift_holds(cli: SlurmCli, job_ids: list[str]) -> None:

@@ -182,6 +182,11 @@ class SlurmMember:
                     self._phase = "empty"
             if self._phase == "empty":
                 jobs = self.cli.jobs()
+                # A job still starting (CONFIGURING) when the drain began is running now: it gets
+                # its checkpoint signal too, rather than a requeue without one at the deadline.
+                if not late and self._signal_jobs(jobs):
+                    self._phase = "checkpoint"
+                    return False
                 left = self.cli.live_jobs_on(self.name, jobs)
                 if left and not late:
                     return False
@@ -211,10 +216,13 @@ class SlurmMember:
             return  # never joined (or already gone): nothing to drain
         self.cli.drain(self.name, "burst drain")
 
-    def _signal_jobs(self) -> None:
-        for job in self.cli.live_jobs_on(self.name):
+    def _signal_jobs(self, jobs: list | None = None) -> int:
+        """Send the checkpoint signal to each job running on the node that has not had it;
+        returns how many were signalled now."""
+        signalled = 0
+        for job in self.cli.live_jobs_on(self.name, jobs):
             job_id = str(job["job_id"])
-            if job.get("job_state") != "RUNNING":
+            if job.get("job_state") != "RUNNING" or job_id in self._signalled_at:
                 continue
             if self.respect_running:
                 try:
@@ -223,7 +231,9 @@ class SlurmMember:
                     log.warning("job %s: checkpoint signal failed: %s", job_id, exc)
             self._signalled_at[job_id] = time.monotonic()
             self.report.signalled.append(job_id)
+            signalled += 1
             log.info("job %s: sent SIG%s to checkpoint", job_id, self.signal)
+        return signalled
 
     def _requeue_checkpointed(self, late: bool) -> bool:
         """Requeue jobs that confirmed (or ran out of time); True when none is left waiting."""

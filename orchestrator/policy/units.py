@@ -24,6 +24,11 @@ MONEY_PATTERN = r"^\d+(\.\d{1,6})?$"
 _MONEY_RE = re.compile(MONEY_PATTERN)
 
 
+# Far beyond any real window or timeout, and far inside timedelta's range: a date plus it stays a
+# date (an overflow there would surface as a crash, not as an error naming the value).
+MAX_DURATION_S = 100 * 366 * 86_400
+
+
 def parse_duration(value: Any) -> timedelta:
     """Parse ``1h30m``-style text into a timedelta; raise ValueError naming the accepted form."""
     if isinstance(value, timedelta):
@@ -38,6 +43,8 @@ def parse_duration(value: Any) -> timedelta:
     seconds = 0
     for number, unit in re.findall(r"(\d+)([dhms])", text):
         seconds += int(number) * _UNIT_SECONDS[unit]
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"duration {value!r} is too long: at most {MAX_DURATION_S // 86_400}d")
     return timedelta(seconds=seconds)
 
 

@@ -11,7 +11,9 @@ blocking smaller ones. On-prem is always offered work first; a burst node asking
 first pending job that fits it and that on-prem cannot start now.
 
 Every write is compare-and-set on the job's version, so the loop and the API thread (or several
-processes) can dispatch at once without running a job twice.
+processes) can dispatch at once without running a job twice. Each start on a burst node, and each
+finish, hand-back or release of a job on one, also opens or closes the job's run in the store's
+run history (the cost ledger's job usage), in the same transaction.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from orchestrator.domain.snapshot import OnPremState, PoolQueue
 from orchestrator.planner.demand import Bins, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
+from orchestrator.store.jobruns import RunOutcome
 
 ONPREM_PREFIX = "onprem"
 
@@ -152,7 +155,7 @@ class BuiltinQueue:
         if job is None or job.state is not JobState.RUNNING or job.node_id != node_id:
             return False  # a stale or duplicate report: the job moved on already
         if outcome == "handed-back":
-            return self.store.requeue_job(job, now) is not None
+            return self.store.requeue_job(job, now, RunOutcome.HANDED_BACK) is not None
         state = JobState.DONE if outcome == "done" else JobState.FAILED
         return self.store.finish_job(job, state=state, exit_code=exit_code, at=now) is not None
 
@@ -160,6 +163,6 @@ class BuiltinQueue:
         """Put every job still running on a node that is gone back in the queue."""
         count = 0
         for job in self.store.jobs(states=[JobState.RUNNING], node_id=node_id):
-            if self.store.requeue_job(job, now) is not None:
+            if self.store.requeue_job(job, now, RunOutcome.NODE_GONE) is not None:
                 count += 1
         return count

@@ -17,12 +17,21 @@ partition when unset) of the cluster its ``queue.slurm_conf`` names. Per pool it
 Slurm 22.05 ignores ``squeue --json`` filters, so every filter is applied here. Burst nodes'
 usage (for the idle rule of scale-down) comes from the jobs on the Slurm node name each burst node
 holds (see :mod:`orchestrator.store.slots`) and the node's ``last_busy`` time.
+
+Each observation also records the runs of Slurm jobs on burst nodes in the store's run history
+(``job_runs``, which the cost ledger reads, see :mod:`orchestrator.store.jobruns`): a job running
+(or seen finished) on a burst node's Slurm name is a run keyed by (cluster, job id, burst node,
+start time), so a requeued job that starts again gets a new run; runs of the cluster no longer seen
+running are closed. A job's GPUs on a node are its ``tres_per_node`` GPUs (else its allocated
+``gres_detail`` on that node, else its GPUs spread over its nodes); its project is its account,
+else its QOS, else its user, as for pending jobs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +41,7 @@ from orchestrator.domain.snapshot import OnPremState, PoolQueue
 from orchestrator.policy.models import Policy, QueueSourceKind
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.sources.slurm_cli import (
+    FINISHED_JOB_STATES,
     LIVE_JOB_STATES,
     UNUSABLE_NODE_FLAGS,
     USABLE_NODE_STATES,
@@ -39,7 +49,8 @@ from orchestrator.sources.slurm_cli import (
     expand_hostlist,
     gres_count,
 )
-from orchestrator.store import Store
+from orchestrator.store import StaleLeaderError, Store
+from orchestrator.store.jobruns import JobRun, RunSource, slurm_run_key
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +101,18 @@ def parse_nodes(nodes: Iterable[dict[str, Any]]) -> list[SlurmNode]:
     return parsed
 
 
+def slurm_scope(policy: Policy) -> str:
+    """Names are unique per Slurm cluster: pools of one cluster share its slots (and the runs of
+    its jobs are observed per cluster)."""
+    conf = policy.queue.slurm_conf or ""
+    return f"slurm:{hashlib.sha256(conf.encode()).hexdigest()[:16]}"
+
+
+def job_project(job: dict[str, Any]) -> str:
+    """Who a job's GPUs are for: its account, else its QOS, else its user."""
+    return str(job.get("account") or job.get("qos") or job.get("user_name") or "default")
+
+
 def job_gpus(job: dict[str, Any]) -> int:
     """GPUs a job asks for in all (per node x nodes, per job, or per task x tasks)."""
     per_node = gres_count(job.get("tres_per_node"))
@@ -136,7 +159,7 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
         gpus = job_gpus(job)
         if gpus <= 0:
             continue  # CPU-only work: bursting GPU nodes would not help it
-        project = job.get("account") or job.get("qos") or job.get("user_name") or "default"
+        project = job_project(job)
         limit = job.get("time_limit")
         duration = None
         if isinstance(limit, int) and 0 < limit < INFINITE_MINUTES:
@@ -151,6 +174,49 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
                 priority=int(job.get("priority") or 0), duration_s=duration,
                 state=JobState.PENDING))
     return out
+
+
+def gpus_on_node(job: dict[str, Any], index: int) -> int:
+    """GPUs a running job holds on the ``index``-th of its nodes."""
+    per_node = gres_count(job.get("tres_per_node"))
+    if per_node:
+        return per_node
+    detail = job.get("gres_detail") or []
+    if index < len(detail) and gres_count(str(detail[index])):
+        return gres_count(str(detail[index]))
+    nodes = max(int(job.get("node_count") or 1), 1)
+    return -(-job_gpus(job) // nodes)
+
+
+def observed_runs(jobs: Iterable[dict[str, Any]], scope: str, members: Mapping[str, str]
+                  ) -> list[JobRun]:
+    """The runs of GPU jobs on burst nodes in one squeue listing of the cluster ``scope``:
+    ``members`` maps the Slurm names burst nodes hold to their node ids. A job running now is an
+    open run; a finished one still listed (squeue keeps them for MinJobAge) a closed run, ended
+    at its ``end_time`` with its final state as outcome. Jobs that never started (cancelled while
+    pending) and CPU-only jobs give none."""
+    runs: list[JobRun] = []
+    for job in jobs:
+        state = str(job.get("job_state") or "")
+        live, finished = state in LIVE_JOB_STATES, state in FINISHED_JOB_STATES
+        start = _epoch(job.get("start_time"))
+        if not (live or finished) or start is None:
+            continue
+        end = _epoch(job.get("end_time")) if finished else None
+        if finished and (end is None or end <= start):
+            continue
+        for index, host in enumerate(expand_hostlist(job.get("nodes") or "")):
+            node_id = members.get(host)
+            gpus = gpus_on_node(job, index)
+            if node_id is None or gpus <= 0:
+                continue
+            job_id = str(job.get("job_id"))
+            runs.append(JobRun(
+                run_key=slurm_run_key(scope, job_id, node_id, start), job_id=job_id,
+                project=job_project(job), node_id=node_id, gpus=gpus, started_at=start,
+                ended_at=end, outcome=state.lower() if finished else None,
+                source=RunSource.SLURM))
+    return runs
 
 
 def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode],
@@ -205,13 +271,42 @@ class SlurmQueue:
         return {conf: (cli.jobs(), parse_nodes(cli.nodes())) for conf, cli in self._clis.items()}
 
     def observe(self, now: datetime) -> dict[str, PoolQueue]:
-        """Pending jobs and on-prem capacity of every Slurm pool (SlurmError if Slurm is down)."""
+        """Pending jobs and on-prem capacity of every Slurm pool (SlurmError if Slurm is down);
+        records the runs of Slurm jobs on burst nodes as it goes (see the module docstring)."""
         views = self._read()
         queues: dict[str, PoolQueue] = {}
         for policy in self.policies:
             jobs, nodes = views[policy.queue.slurm_conf]
             queues[policy.pool.name] = pool_queue(policy, jobs, nodes, policy.fabric.slurm.feature)
+        self.record_runs({conf: jobs for conf, (jobs, _) in views.items()}, now)
         return queues
+
+    def record_runs(self, listings: Mapping[str | None, list[dict[str, Any]]], now: datetime
+                    ) -> tuple[int, int]:
+        """Record in the store the runs each cluster's squeue listing shows on burst nodes, and
+        close the cluster's runs it no longer shows. Returns (runs opened, runs closed). A store
+        failure is logged, not raised: cost tracking must not stop the control loop (a deposed
+        leader's refusal is raised, as for every write)."""
+        opened = closed = 0
+        scopes = {policy.queue.slurm_conf: slurm_scope(policy) for policy in self.policies}
+        for conf, jobs in listings.items():
+            scope = scopes.get(conf)
+            if scope is None:
+                continue
+            try:
+                members = {m.name: m.node_id for m in self.store.fabric_members(scope)
+                           if m.node_id is not None}
+                o, c = self.store.observe_slurm_runs(scope, observed_runs(jobs, scope, members),
+                                                     now)
+            except StaleLeaderError:
+                raise
+            except Exception:  # noqa: BLE001 - the queue view is still good without the runs
+                log.warning("could not record Slurm job runs of %s", conf or "the default "
+                            "cluster", exc_info=True)
+                continue
+            opened += o
+            closed += c
+        return opened, closed
 
     def node_usage(self, node_ids: list[str]) -> dict[str, NodeUsage]:
         """Per burst node: GPUs and jobs on its Slurm node now, and when it was last busy."""

@@ -37,6 +37,9 @@ class SlurmError(Exception):
         self.returncode = returncode
 
 
+NOT_FOUND = re.compile(r"Node \S+ not found")
+
+
 class SlurmCli:
     """Runs Slurm client commands against one cluster (``conf``: its slurm.conf, or None)."""
 
@@ -97,7 +100,14 @@ class SlurmCli:
         """(base state in lower case, flags) of one node, FUTURE slots included; None if Slurm
         has no such node. ``scontrol show node`` is used rather than ``sinfo -n``, which logs a
         look-up error in slurmctld.log for every unknown name."""
-        out = self.run("scontrol", "--future", "-o", "show", "node", name, check=False)
+        try:
+            out = self.run("scontrol", "--future", "-o", "show", "node", name)
+        except SlurmError as exc:
+            # Only "no such node" means None; slurmctld unreachable (or any other failure) must
+            # not read as "gone": callers would skip the drain or free a name Slurm still holds.
+            if exc.returncode is not None and NOT_FOUND.search(str(exc)):
+                return None
+            raise
         match = re.search(r"(?:^|\s)State=(\S+)", out)
         if match is None:
             return None

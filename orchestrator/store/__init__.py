@@ -1,6 +1,6 @@
 """The state store: burst's durable state (nodes, node events, decisions, planner memory,
-capacity blocks, the built-in queue, join secrets) on SQLite by default or PostgreSQL by URL,
-with Alembic migrations.
+capacity blocks, the built-in queue and its job runs, join secrets, the cost ledger) on SQLite by
+default or PostgreSQL by URL, with Alembic migrations.
 """
 
 from orchestrator.store.engine import default_sqlite_url

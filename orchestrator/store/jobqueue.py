@@ -3,6 +3,10 @@
 Each state change is compare-and-set on the record's version *and* its expected state, so two
 schedulers claiming the same pending job cannot both start it: the loser gets ``None`` and
 re-reads. Order of service is priority (highest first), then submission time, then id.
+
+A job's runs on burst nodes are kept in ``job_runs`` (see :mod:`orchestrator.store.jobruns`):
+starting a job on a burst node opens its run, and finishing or requeueing it closes that run, in
+the same transaction as the job's compare-and-set, so the run history and the jobs never disagree.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sqlalchemy as sa
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.jobruns import JobRun, RunOutcome, builtin_run_key, close_run, open_run
 from orchestrator.store.records import JobRecord
 
 JOB_ID_PREFIX = "j-"
@@ -130,18 +135,20 @@ class JobQueue(StoreBase):
         require_aware(at, "at")
         new = replace(job, state=state, exit_code=exit_code, finished_at=at,
                       version=job.version + 1)
-        return self._cas_job(job, JobState.RUNNING, new)
+        return self._cas_job(job, JobState.RUNNING, new, ended=(at, state.value))
 
-    def requeue_job(self, job: JobRecord, at: datetime) -> JobRecord | None:
+    def requeue_job(self, job: JobRecord, at: datetime,
+                    outcome: str = RunOutcome.REQUEUED) -> JobRecord | None:
         """RUNNING -> PENDING (preempted or drained away); keeps its place and attempt count.
 
-        ``at`` is checked but not stored: the queue has no requeue column, and the submission
-        time is kept so the job does not lose its turn.
+        The job row keeps no requeue time (the submission time is kept so the job does not lose
+        its turn); ``at`` and ``outcome`` (handed-back, node-gone, ...) end its run on a burst
+        node in ``job_runs``.
         """
         require_aware(at, "at")
         new = replace(job, state=JobState.PENDING, placement=None, node_id=None, started_at=None,
                       version=job.version + 1)
-        return self._cas_job(job, JobState.RUNNING, new)
+        return self._cas_job(job, JobState.RUNNING, new, ended=(at, str(outcome)))
 
     def cancel_job(self, job_id: str) -> bool:
         """Withdraw a PENDING job; False if it is unknown or no longer pending."""
@@ -154,7 +161,11 @@ class JobQueue(StoreBase):
             )
             return result.rowcount == 1
 
-    def _cas_job(self, old: JobRecord, expected: JobState, new: JobRecord) -> JobRecord | None:
+    def _cas_job(self, old: JobRecord, expected: JobState, new: JobRecord,
+                 ended: tuple[datetime, str] | None = None) -> JobRecord | None:
+        """Write ``new`` if the job is still ``old`` in state ``expected``; in the same
+        transaction, open the run of a job now running on a burst node and close (at ``ended``'s
+        time, with its outcome) the run of a job leaving one."""
         if old.state is not expected:
             return None
         values = _job_values(new)
@@ -167,7 +178,19 @@ class JobQueue(StoreBase):
         )
         with self._write() as conn:
             won = conn.execute(stmt).rowcount == 1
+            if won and ended is not None and _on_burst_node(old):
+                close_run(conn, builtin_run_key(old.id, old.attempts), *ended)
+            if won and new.state is JobState.RUNNING and _on_burst_node(new):
+                assert new.node_id is not None and new.started_at is not None
+                open_run(conn, self._insert(T.job_runs), JobRun(
+                    run_key=builtin_run_key(new.id, new.attempts), job_id=new.id,
+                    project=new.project, node_id=new.node_id, gpus=new.gpus,
+                    started_at=new.started_at))
         return new if won else None
+
+
+def _on_burst_node(record: JobRecord) -> bool:
+    return record.placement == Placement.BURST and record.node_id is not None
 
 
 def _job_values(record: JobRecord) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The roll-up (``orchestrator.costs.ledger``) owns the maths; this module owns the SQL:
 
 * which nodes still need rolling up (live, or terminated but not final through their end);
-* the job usages of nodes and of on-prem pools in a window;
+* the job usages of nodes (from the run history, ``job_runs``) and of on-prem pools in a window;
 * :meth:`Ledger.write_ledger`: replace one subject's lines from a bucket on, and advance its
   mark, in one transaction. It compares first and writes nothing when nothing changed, so
   running a roll-up twice writes nothing the second time; lines are upserted on their unique
@@ -29,6 +29,7 @@ from orchestrator.domain.jobs import Placement
 from orchestrator.domain.nodes import NodeState
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.jobruns import run_usages
 
 ONPREM_SUBJECT = "onprem:"  # prefix of the subjects (and marks) of on-prem work, + pool name
 _CHUNK = 500  # ids per IN (...) list: well inside every driver's parameter limit
@@ -191,22 +192,11 @@ class Ledger(StoreBase):
 
     def burst_job_usages(self, node_ids: Collection[str], since: datetime | None = None
                          ) -> dict[str, list[JobUsage]]:
-        """Per node, the jobs of the built-in queue that ran on it and had not finished by
-        ``since`` (None: all). A job requeued since lost its start, and so its usage here."""
-        c = T.jobs.c
-        out: dict[str, list[JobUsage]] = {}
+        """Per node, every run of a job on it (``job_runs``: built-in and Slurm jobs, each run of
+        a job requeued from one node to another) still running at ``since`` or started after it
+        (None: all). A job that ran twice on a node has a usage per run."""
         with self._read() as conn:
-            for chunk in _chunks(sorted(node_ids)):
-                query = sa.select(c.id, c.project, c.gpus, c.started_at, c.finished_at, c.node_id) \
-                    .where(c.node_id.in_(chunk), c.started_at.is_not(None),
-                           sa.or_(c.placement.is_(None), c.placement != Placement.ONPREM.value))
-                if since is not None:
-                    query = query.where(sa.or_(c.finished_at.is_(None),
-                                               c.finished_at > require_aware(since, "since")))
-                for r in conn.execute(query):
-                    out.setdefault(r.node_id, []).append(
-                        JobUsage(r.id, r.project, r.gpus, r.started_at, r.finished_at))
-        return out
+            return run_usages(conn, node_ids, since)
 
     def onprem_job_usages(self, pools: Collection[str], since: datetime | None = None
                           ) -> dict[str, list[JobUsage]]:
@@ -261,6 +251,17 @@ class Ledger(StoreBase):
             if _diff(conn, subject, since, wanted, mark) is None:
                 return 0, 0  # nothing changed: no write transaction (and no write lock) at all
         with self._write() as conn:
+            # Re-read the mark under the write transaction (locked on PostgreSQL): a newer roll-up
+            # may have finalised buckets after this one read its mark. Final buckets are never
+            # rewritten, so this run writes only from the mark as it stands now.
+            query = sa.select(T.ledger_marks.c.final_through).where(
+                T.ledger_marks.c.subject == subject)
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            current = conn.execute(query).scalar()
+            if current is not None and current > since:
+                since = current
+                wanted = {k: line for k, line in wanted.items() if line.period_start >= current}
             diff = _diff(conn, subject, since, wanted, mark)
             if diff is None:
                 return 0, 0
@@ -360,10 +361,17 @@ class Ledger(StoreBase):
         covered: dict[str, datetime] = {}
         with self._read() as conn:
             marked = {n.node_id: n.mark for n in candidates if n.mark is not None}
-            for node_id, mark in marked.items():
-                reach = conn.execute(sa.select(sa.func.max(_c.period_end)).where(
-                    _c.subject == node_id, _c.period_start >= mark)).scalar()
-                covered[node_id] = max(mark, reach) if reach is not None else mark
+            m = T.ledger_marks.c
+            for chunk in _chunks(sorted(marked)):
+                # One grouped query per chunk (not one per node): the reach past each mark.
+                query = (sa.select(_c.subject, sa.func.max(_c.period_end).label("reach"))
+                         .join(T.ledger_marks, m.subject == _c.subject)
+                         .where(_c.subject.in_(chunk), _c.period_start >= m.final_through)
+                         .group_by(_c.subject))
+                reach = {r.subject: r.reach for r in conn.execute(query)}
+                for node_id in chunk:
+                    mark, lines_reach = marked[node_id], reach.get(node_id)
+                    covered[node_id] = max(mark, lines_reach) if lines_reach is not None else mark
             unmarked = [n.node_id for n in candidates if n.mark is None]
             for chunk in _chunks(unmarked):
                 query = sa.select(_c.subject, sa.func.max(_c.period_end).label("reach")) \

@@ -25,8 +25,9 @@ from orchestrator.store.base import require_aware
 from orchestrator.store.codec import decision_from_json, decision_to_json, to_jsonable
 from orchestrator.store.engine import default_sqlite_url
 from orchestrator.store.fencing import Fencing
-from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.jobqueue import JobQueue
+from orchestrator.store.jobruns import JobRuns
+from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.ledger import Ledger
 from orchestrator.store.pools import PoolControls
 from orchestrator.store.slots import FabricSlots
@@ -84,7 +85,8 @@ def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
 _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
 
 
-class Store(JoinSecrets, JobQueue, PoolControls, Ledger, ApiTokens, Telemetry, FabricSlots, Fencing):
+class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Telemetry,
+            FabricSlots, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

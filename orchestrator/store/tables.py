@@ -187,6 +187,28 @@ class JobRow(Base):
     version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
 
 
+class JobRunRow(Base):
+    """An append-only history of job runs on burst nodes: one row per run of a job on a node,
+    opened when it starts and closed (``ended_at``, ``outcome``) when it finishes, is handed back
+    or loses its node. Built-in jobs write it with their own state change; Slurm jobs as the
+    Slurm source observes them. ``run_key`` makes each run unique, so a retried or re-observed
+    start opens it once: ``builtin:<job>:<attempt>``, ``slurm:<scope>:<job>:<node>:<start>``.
+    The cost ledger reads job usage from here (a requeued job keeps its earlier runs)."""
+
+    __tablename__ = "job_runs"
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    run_key: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
+    job_id: Mapped[str] = mapped_column(sa.String(STR_ID), index=True)
+    project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    node_id: Mapped[str] = mapped_column(sa.String(STR_ID), index=True)
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None] = mapped_column(index=True)
+    outcome: Mapped[str | None] = mapped_column(sa.String(32))
+    source: Mapped[str] = mapped_column(sa.String(16))
+
+
 class JoinAttemptRow(Base):
     """Audit log of node-agent registration attempts, successful or not."""
 
@@ -336,6 +358,7 @@ decisions: sa.Table = DecisionRow.__table__  # type: ignore[assignment]
 policy_memory: sa.Table = PolicyMemoryRow.__table__  # type: ignore[assignment]
 capacity_blocks: sa.Table = CapacityBlockRow.__table__  # type: ignore[assignment]
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
+job_runs: sa.Table = JobRunRow.__table__  # type: ignore[assignment]
 join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
 fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
 pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]

@@ -121,11 +121,32 @@ def test_budget_lines_spread_each_limit_over_its_window() -> None:
     (("--group-by", "project,colour"), "--group-by:"),
     (("--json", "--csv"), "--json and --csv"),
     (("--png", "chart.jpg"), "--png:"),
+    (("--to", "9999-12-31T23:30:00-01:00"), "--to:"),
+    (("--from", "0001-01-01T00:00:00+01:00"), "--from:"),
+    (("--from", "2020-01-01T00:00:00Z", "--to", "2025-01-01T00:00:00Z", "--png", "c.png"),
+     "--png:"),
 ])
 def test_bad_report_options_name_the_option(env: Store, args: tuple[str, ...], text: str) -> None:
     result = run("report", *args)
     assert result.exit_code == 2, result.output
     assert text in result.output and "Traceback" not in result.output
+
+
+def test_a_database_not_at_this_builds_migration_is_not_migrated_behind_the_operator(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read command on BURST_DATABASE_URL must not migrate a production database under
+    running controllers: it says to run `burst db upgrade` (the embedded default migrates)."""
+    old = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    old.upgrade("0003")
+    old.close()
+    monkeypatch.setenv("BURST_DATABASE_URL", f"sqlite:///{tmp_path / 'old.db'}")
+    for args in (("report",), ("token", "list"), ("decisions",), ("status",)):
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "burst db upgrade" in result.output and "Traceback" not in result.output
+    check = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    assert check.schema_revision() == "0003"
+    check.close()
 
 
 def test_report_on_the_embedded_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

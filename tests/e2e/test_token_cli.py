@@ -76,6 +76,7 @@ def test_a_token_is_shown_once_listed_without_its_secret_and_revocable(rt: Runti
     (("--role", "admin", "--project", "x"), "--project:"),
     (("--role", "viewer", "--project", "x", "--expires", "soon"), "--expires:"),
     (("--role", "viewer", "--project", "x", "--expires", "0s"), "--expires:"),
+    (("--role", "viewer", "--project", "x", "--expires", "99999999d"), "--expires:"),
 ])
 def test_bad_token_options_name_the_option(rt: Runtime, args: tuple[str, ...], text: str) -> None:
     result = run("token", "create", *args)

@@ -19,7 +19,7 @@ from tests.integration.test_ledger import launch, terminate
 from tests.integration.test_public_tasks import app, call, env  # noqa: F401 - fixtures
 
 H = timedelta(hours=1)
-TABLES = ("cost_lines", "ledger_marks", "node_events", "nodes", "jobs", "decisions",
+TABLES = ("cost_lines", "ledger_marks", "node_events", "nodes", "jobs", "job_runs", "decisions",
           "policy_memory", "pool_controls")
 
 

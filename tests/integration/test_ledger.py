@@ -14,6 +14,7 @@ import csv
 import io
 import random
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
@@ -243,6 +244,23 @@ def test_two_roll_ups_at_once_converge(store: Store) -> None:
     expected = sum(bill(4.1 * (i + 1), 3 * H - i * M) for i in range(6))
     assert Decimal(total["cost_usd_exact"]) == Decimal(expected) / 10**6
     assert roll_up(store, policies, now).lines_written == 0
+
+
+def test_a_slower_roll_up_never_rewrites_buckets_a_newer_one_made_final(store: Store) -> None:
+    """Roll-up A reads the mark (none), roll-up B finalises the first hour, then A writes: its
+    stale view of the first hour must not replace B's final lines (nor clear their flag)."""
+    policies = [onprem_policy(None)]
+    launch(store, "n1", T0 + 10 * M, price=3.6)
+    run_job(store, "nlp", 8, T0 + 20 * M, None, node_id="n1")
+    roll_up(store, policies, T0 + H + SETTLE)  # B: first hour final
+    final = {x.line_key: x for x in store.ledger_lines("n1") if x.period_start == T0}
+    assert final and all(x.final for x in final.values())
+
+    # A's write, computed from before B's mark: other (provisional) lines from T0 on.
+    stale = [replace(x, cost_micros=x.cost_micros + 1, final=False) for x in final.values()]
+    store.write_ledger("n1", stale, since=T0, mark=None, at=T0 + 40 * M)
+    assert {x.line_key: x for x in store.ledger_lines("n1") if x.period_start == T0} == final
+    assert store.ledger_mark("n1") == T0 + H
 
 
 # -- report ----------------------------------------------------------------------------------------
