@@ -13,14 +13,22 @@ budget past its drain grade drains its scope's ready nodes.
 Exactly one :class:`Decision` records the rule that decided the tick, the inputs that mattered
 (per budget: spent, committed, limit, grade), the offerings weighed with their expected cost,
 and which limits and budgets held launches back.
+
+Speed (the simulator plans at every virtual minute; ``docs/performance.md``): the nodes are
+walked once per tick (:mod:`.census`); the policy's candidates, and what pricing no demand gives,
+come from a pure memo (:func:`.offerings.resolved`); the room under the pool limits is worked out
+only by the branches that may launch. None of it changes a decision: a tick that decides nothing
+records what it always recorded (``tests/unit/test_planner_speed.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import (
@@ -36,13 +44,20 @@ from orchestrator.domain.plan import (
 )
 from orchestrator.domain.snapshot import PolicyMemory, PrewarmRequest, Snapshot
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
+from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import Demand, absorb
-from orchestrator.planner.offerings import Candidate, resolve_candidates
+from orchestrator.planner.offerings import Candidate, Resolved, resolved
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import Budget, Grant, grant_nodes, pool_budget, price_options
 from orchestrator.policy.models import Policy, TriggerCombine
 
 __all__ = ["plan"]
+
+_TERMINATED = NodeState.TERMINATED
+_READY = NodeState.READY
+_IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
+_GPUS = attrgetter("gpus")
+_PROJECT = attrgetter("project")
 
 
 def plan(snapshot: Snapshot, policies: Iterable[Policy], now: datetime) -> Plan:
@@ -80,22 +95,28 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
                  ) -> tuple[list[Action], Decision, PolicyMemory]:
     did = decision_id(policy.name, now, snapshot.capacity_blocks)
     pool = policy.pool.name
-    nodes = [n for n in snapshot.nodes if n.policy == policy.name and not n.state.is_terminal]
+    name = policy.name
+    # One pass over the nodes gathers what scale-down, absorption and the record read of them.
+    census = take_census(snapshot.nodes, policy, now, only_policy=name)
+    nodes = census.nodes
     memory = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
-    demand = absorb(queue, nodes, policy)
+    demand = absorb(queue, nodes, policy, census)
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
     # The floor is the pool's: GPUs that other policies keep in the pool count toward it.
-    others = sum(n.gpus for n in snapshot.nodes
-                 if n.pool == pool and n.policy != policy.name and _staying(n))
-    floor = max(prewarm.gpus - others, 0) if prewarm is not None else 0  # this policy's share
+    others = floor = 0
+    if prewarm is not None:
+        others = sum(n.gpus for n in snapshot.nodes
+                     if n.pool == pool and n.policy != name and _staying(n))
+        floor = max(prewarm.gpus - others, 0)  # this policy's share
 
     books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
-    bounded = frozenset(n.id for n in nodes if books is not None and books.covers(n))
+    bounded = (frozenset(n.id for n in nodes if books.covers(n)) if books is not None
+               else frozenset())
     actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did,
-                                                 floor_gpus=floor, bounded=bounded))
+                                                 floor_gpus=floor, bounded=bounded, census=census))
     budget_drains = _budget_drains(policy, books, nodes, actions, now, did) if books else []
     actions.extend(budget_drains)
     if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
@@ -105,23 +126,25 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     fired, trigger_text = _trigger(policy, demand, now)
     trigger_since = (memory.trigger_since or now) if fired else None
     held_for = (now - trigger_since).total_seconds() if trigger_since else 0.0
-    inputs = _inputs(policy, demand, nodes, queue is not None, beyond, now, trigger_text, held_for)
+    inputs = _inputs(policy, demand, census, queue is not None, beyond, now, trigger_text, held_for)
 
-    candidates, rejected = resolve_candidates(policy, snapshot.offerings, snapshot.capacity_blocks, now)
+    resolved_ = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now)
+    candidates, rejected = list(resolved_.candidates), list(resolved_.rejected)
     rule, summary, options, chosen, held_back = Rule.NO_DEMAND, "", list(rejected), None, ()
     launches: list[Launch] = []
     # Priced alternatives are recorded whenever there is demand, even when nothing launches, so
     # "why did it not burst" can be answered with the money involved.
-    ranked = _rank(candidates, options, demand.unmet) if candidates else []
-    budget: Budget | None = pool_budget(policy, nodes, candidates) if candidates else None
+    ranked = _rank(candidates, options, demand.unmet, resolved_) if candidates else []
+    # The room under the pool limits is worked out only by the branches that may launch (most
+    # ticks launch nothing); None: no usable offering, or not needed yet.
+    budget: Budget | None = None
 
-    min_missing = policy.limits.min_nodes - sum(
-        1 for n in nodes if n.state.in_flight or n.state is NodeState.READY
-    )
+    min_missing = policy.limits.min_nodes - census.staying
     if pool in snapshot.paused_pools:
         rule, summary = Rule.PAUSED, f"bursting for pool {pool} is paused"
         trigger_since = None
-    elif min_missing > 0 and budget is not None:
+    elif min_missing > 0 and candidates:
+        budget = pool_budget(policy, nodes, candidates)
         grants = []
         runtime = policy.budget_commitment.default_runtime.total_seconds()
         for _ in range(min_missing):
@@ -136,7 +159,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     elif not demand.unmet:
         if demand.burst_absorbed:
             rule = Rule.COVERED
-            summary = (f"{sum(j.gpus for j in demand.burst_absorbed)} pending GPU(s) fit on burst "
+            summary = (f"{sum(map(_GPUS, demand.burst_absorbed))} pending GPU(s) fit on burst "
                        "nodes already ready or booting")
         else:
             summary = ("nothing pending" if not demand.ordered
@@ -153,10 +176,11 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         rule = Rule.COOLDOWN
         wait = policy.cooldowns.scale_up - (now - memory.last_launch_at)
         summary = f"{demand.unmet_gpus} unmet GPU(s); scale-up cooldown for {wait.total_seconds():.0f}s more"
-    elif budget is None:
+    elif not candidates:
         rule = Rule.NO_OFFERING
         summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
     else:
+        budget = pool_budget(policy, nodes, candidates)
         held = _held_gpus(nodes)
         grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst,
                                         books)
@@ -175,7 +199,9 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
 
     if prewarm is not None:
-        have = others + sum(n.gpus for n in nodes if _staying(n))
+        if budget is None and candidates:
+            budget = pool_budget(policy, nodes, candidates)
+        have = others + census.staying_gpus
         have += sum(lc.offering.gpus for lc in launches)  # this tick's launches count too
         warm = _prewarm(policy, prewarm, have, candidates, rejected, budget,
                         pool in snapshot.paused_pools, now, did, start=len(launches), books=books)
@@ -232,7 +258,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
 
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     trigger = policy.trigger
-    gpus = demand.pending_gpus - sum(j.gpus for j in demand.onprem_absorbed)
+    gpus = demand.pending_gpus - sum(map(_GPUS, demand.onprem_absorbed))
     wait = demand.oldest_wait_s(now)
     by_gpus = gpus > trigger.pending_gpus_above
     by_wait = bool(demand.beyond_onprem) and wait > trigger.oldest_wait_above.total_seconds()
@@ -243,26 +269,28 @@ def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     return fired, text
 
 
-def _rank(candidates: list[Candidate], options: list[OfferingOption], unmet: tuple) -> list[Candidate]:
-    priced = price_options(unmet, candidates) if unmet else price_options((), candidates)
+def _rank(candidates: list[Candidate], options: list[OfferingOption], unmet: tuple,
+          resolved_: Resolved) -> list[Candidate]:
+    if not unmet:  # nothing to pack: every option at 0 nodes, ranked by hourly price (memoized)
+        options.extend(resolved_.idle_options)
+        return list(resolved_.by_price)
+    priced = price_options(unmet, candidates)
     options.extend(priced)
     order = {o.offering_key: i for i, o in enumerate(priced)}
-    if not unmet:  # nothing to pack: rank by hourly price
-        return sorted(candidates, key=lambda c: (c.offering.price_usd_hour, c.offering.key))
-    return sorted(candidates, key=lambda c: order[c.offering.key])
+    return sorted(candidates, key=lambda c: order[c.key])
 
 
 def _held_gpus(nodes: list[Node]) -> dict[str, int]:
     held: dict[str, int] = {}
     for n in nodes:
-        if n.project and n.state.counts_toward_limits:
+        if n.project and n.state is not _TERMINATED:
             held[n.project] = held.get(n.project, 0) + n.gpus
     return held
 
 
 def _staying(node: Node) -> bool:
     """Alive and not leaving: what min_nodes and a pre-warm floor count."""
-    return node.state.in_flight or node.state is NodeState.READY
+    return node.state is _READY or node.state in _IN_FLIGHT
 
 
 @dataclass(slots=True)
@@ -298,13 +326,13 @@ def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: lis
 
     def cost(c: Candidate) -> tuple:
         nodes = -(-gap // c.offering.gpus)
-        return (nodes * c.offering.price_usd_hour, c.offering.price_per_gpu_hour, c.offering.key)
+        return (nodes * c.offering.price_usd_hour, c.offering.price_per_gpu_hour, c.key)
 
     ranked = sorted(candidates, key=cost)
     options = []
     for c in ranked:
         nodes = -(-gap // c.offering.gpus)
-        options.append(OfferingOption(c.offering.key, c.offering.gpus, c.offering.price_usd_hour,
+        options.append(OfferingOption(c.key, c.offering.gpus, c.offering.price_usd_hour,
                                       nodes, round(nodes * c.offering.price_usd_hour * hours, 4)))
     grants: list[Grant] = []
     held: list[str] = []
@@ -404,28 +432,31 @@ def _projects(demand: Demand) -> str:
     return ", ".join(sorted({j.project for j in demand.unmet}))
 
 
-def _inputs(policy: Policy, demand: Demand, nodes: list[Node], observed: bool, beyond: tuple,
+def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyond: tuple,
             now: datetime, trigger_text: str, held_for: float) -> dict:
     per_project: dict[str, int] = {}
-    for job in demand.unmet:
-        per_project[job.project] = per_project.get(job.project, 0) + job.gpus
-    by_state: dict[str, int] = {}
-    for n in nodes:
-        by_state[str(n.state)] = by_state.get(str(n.state), 0) + 1
+    # Counted by (project, width) in C first: 100k unmet jobs fall into a few dozen pairs, which
+    # come in the order of the jobs, so projects keep the order of their first unmet job.
+    unmet = demand.unmet
+    if unmet:
+        pairs = Counter(zip(map(_PROJECT, unmet), map(_GPUS, unmet)))
+        for (project, gpus), count in pairs.items():
+            per_project[project] = per_project.get(project, 0) + gpus * count
     return {
         "queue_observed": observed,
         "pending_jobs": len(demand.ordered),
         "pending_gpus": demand.pending_gpus,
-        "pending_gpus_beyond_onprem": sum(j.gpus for j in beyond),
+        # (beyond on-prem = absorbed on burst nodes + unmet, whose GPUs are summed already)
+        "pending_gpus_beyond_onprem": sum(map(_GPUS, demand.burst_absorbed)) + demand.unmet_gpus,
         "oldest_wait_s": round(demand.oldest_wait_s(now), 1),
-        "absorbed_onprem_gpus": sum(j.gpus for j in demand.onprem_absorbed),
-        "absorbed_burst_gpus": sum(j.gpus for j in demand.burst_absorbed),
+        "absorbed_onprem_gpus": sum(map(_GPUS, demand.onprem_absorbed)),
+        "absorbed_burst_gpus": sum(map(_GPUS, demand.burst_absorbed)),
         "unmet_gpus": demand.unmet_gpus,
         "unmet_gpus_by_project": per_project,
         "trigger": trigger_text,
         "trigger_held_s": round(held_for, 1),
-        "nodes_by_state": by_state,
-        "spend_usd_hour": round(sum(n.price_usd_hour for n in nodes if n.state.counts_toward_limits), 4),
+        "nodes_by_state": dict(fleet.by_state),
+        "spend_usd_hour": round(fleet.spend_usd_hour, 4),
     }
 
 

@@ -56,7 +56,7 @@ _HOUR = Decimal(3600)
 _ZERO = Decimal(0)
 
 
-def usd(value: float | Decimal | int) -> Decimal:
+def usd(value: float | Decimal) -> Decimal:
     """A float amount as the Decimal it was written as (``repr`` round-trips it exactly)."""
     if isinstance(value, Decimal):
         return value

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 
 from orchestrator.domain.jobs import Job
-from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.nodes import Node
 from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.planner.census import Census, take_census
 from orchestrator.policy.models import Policy
+
+_submitted = attrgetter("submitted_at")
+_priority = attrgetter("priority")
 
 
 class Bins:
@@ -28,7 +33,7 @@ class Bins:
     nodes free for wide jobs. ``total`` lets a full set of bins stop the work early.
     """
 
-    __slots__ = ("free", "owners", "node_size", "total", "_by_free")
+    __slots__ = ("_by_free", "free", "node_size", "owners", "total")
 
     def __init__(self, free: list[int], owners: list[str | None] | None = None, node_size: int = 0):
         self.free = list(free)
@@ -141,20 +146,44 @@ def scheduling_order(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> list[
     """Higher project priority first, then higher job priority, then oldest, then id."""
     priorities = {p.name: p.priority for p in policy.projects}
     default = policy.default_project_priority
-    # Two stable passes: queues arrive mostly in submit order, which makes the first pass nearly
-    # linear, and the second pass only runs when priorities differ.
-    ordered = sorted(jobs, key=_submit_key)
-    if priorities or default or any(j.priority for j in ordered):
-        ordered.sort(key=lambda j: (-priorities.get(j.project, default), -j.priority))
+    # A stable sort by age first (queues arrive mostly in submit order: nearly linear).
+    ordered = _by_age(jobs)
+    if priorities or default or any(map(_priority, ordered)):
+        # A stable split into (project priority, job priority) classes, highest first: the same
+        # order as a stable sort by priority, in one pass (twice as fast as that sort at 100k).
+        classes: dict[tuple[int, int], list[Job]] = {}
+        for job in ordered:
+            key = (priorities.get(job.project, default), job.priority)
+            group = classes.get(key)
+            if group is None:
+                classes[key] = [job]
+            else:
+                group.append(job)
+        if len(classes) > 1:
+            ordered = [job for key in sorted(classes, reverse=True) for job in classes[key]]
     return ordered
 
 
-def _submit_key(job: Job) -> tuple:
-    return (job.submitted_at, job.id)
+def _by_age(jobs: tuple[Job, ...] | list[Job]) -> list[Job]:
+    """Jobs sorted by (submitted_at, id), with single-attribute keys: a tuple key compares each
+    pair of times twice, which made this sort the planner's largest cost at 100k pending jobs.
+    Sorted by id, then stably by submit time, is the same order; without equal submit times the
+    id sort is not needed (and a queue already in submit order then sorts in linear time)."""
+    if len(set(map(_submitted, jobs))) == len(jobs):
+        return sorted(jobs, key=_submitted)
+    ordered = sorted(jobs, key=_id)
+    ordered.sort(key=_submitted)
+    return ordered
 
 
-def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand:
-    """Fit the pool's pending jobs into on-prem, then burst capacity; see the module docstring."""
+_id = attrgetter("id")
+
+
+def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
+           census: Census | None = None) -> Demand:
+    """Fit the pool's pending jobs into on-prem, then burst capacity; see the module docstring.
+    ``census``: the burst capacity as :func:`~orchestrator.planner.census.take_census` gathered
+    it from ``nodes`` this tick (gathered here when not given)."""
     if queue is None or not queue.pending:
         return Demand((), (), (), (), frozenset())
     ordered = scheduling_order(queue.pending, policy)
@@ -162,29 +191,21 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
         [queue.onprem.free_gpus] if queue.onprem.free_gpus else []
     )
     onprem = Bins(onprem_free, node_size=policy.pool.onprem.gpus_per_node)
-    burst_free: list[int] = []
-    owners: list[str | None] = []
-    node_size = 0
-    for node in nodes:
-        if node.state is NodeState.READY and node.gpus_free > 0:
-            burst_free.append(node.gpus_free)
-            owners.append(node.id)
-        elif node.state.in_flight:
-            burst_free.append(node.gpus)
-            owners.append(node.id)
-        else:
-            continue
-        node_size = max(node_size, node.gpus)
-    # The node size is that of the nodes, not of their largest free remainder: with only
-    # half-busy 8-GPU nodes, a 6-GPU job must not count as a "multi-node" job spread over two
-    # 4-GPU remainders (it fits on neither node).
-    burst = Bins(burst_free, owners, node_size=node_size)
+    if census is None:
+        census = take_census(nodes, policy, None)
+    # Free GPUs of ready nodes, all GPUs of nodes in flight. The node size is that of the nodes,
+    # not of their largest free remainder: with only half-busy 8-GPU nodes, a 6-GPU job must not
+    # count as a "multi-node" job spread over two 4-GPU remainders (it fits on neither node).
+    burst = Bins(census.burst_free, census.burst_owners, node_size=census.burst_node_size)
 
     onprem_absorbed: list[Job] = []
     burst_absorbed: list[Job] = []
     unmet: list[Job] = []
     busy: set[str] = set()
-    for job in ordered:
+    for index, job in enumerate(ordered):
+        if not onprem.total and not burst.total:
+            unmet.extend(ordered[index:])  # nothing is free anywhere: the rest is all unmet
+            break
         if onprem.total and onprem.place(job.gpus) is not None:
             onprem_absorbed.append(job)
             continue
@@ -195,10 +216,13 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy) -> Demand
             continue
         unmet.append(job)
     beyond = tuple(burst_absorbed) + tuple(unmet)
-    oldest = min((j.submitted_at for j in beyond), default=None)
+    oldest = min(map(_submitted, beyond), default=None)
     return Demand(tuple(ordered), tuple(onprem_absorbed), tuple(burst_absorbed), tuple(unmet),
-                  frozenset(busy), beyond, sum(j.gpus for j in ordered), sum(j.gpus for j in unmet),
+                  frozenset(busy), beyond, sum(map(_gpus, ordered)), sum(map(_gpus, unmet)),
                   oldest, burst)
+
+
+_gpus = attrgetter("gpus")
 
 
 def oldest_wait_s(jobs: tuple[Job, ...], now: datetime) -> float:

@@ -7,13 +7,22 @@ so the decision record shows why an obvious choice was not taken.
 
 Packing is first-fit-decreasing on a histogram of job widths, so its cost grows with the number of
 distinct widths, not the number of jobs: the planner must stay fast on 100k pending jobs.
+
+Resolving is the same work at every tick (the policy, the catalogue and the capacity blocks
+rarely change), so :func:`resolved` memoizes it: a pure memo keyed on the identity of the policy
+and of the catalogue tuple (both immutable: policies are frozen models, catalogues tuples of
+frozen offerings; the entry keeps them alive, so an id is never reused while it is cached) and on
+the *value* of the blocks still in force. Equal inputs give the very same result with or without
+the memo; any other catalogue or set of blocks is resolved afresh.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
 from datetime import datetime
+from operator import is_
 
 from orchestrator.domain.offerings import Offering, offering_key
 from orchestrator.domain.plan import OfferingOption
@@ -29,6 +38,53 @@ class Candidate:
 
     offering: Offering
     max_nodes: int | None
+    key: str = field(default="", compare=False)  # offering.key, formatted once
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", self.offering.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A policy's candidates against one catalogue and set of blocks (see :func:`resolved`)."""
+
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[OfferingOption, ...]
+    # What pricing no demand gives (every option at 0 nodes) and the ranking by hourly price:
+    # what a tick with nothing unmet records and ranks with, the same at every such tick.
+    idle_options: tuple[OfferingOption, ...]
+    by_price: tuple[Candidate, ...]
+
+
+_MEMO: OrderedDict[tuple, tuple[object, object, tuple, Resolved]] = OrderedDict()
+_MEMO_SIZE = 64
+_MEMO_LOCK = threading.Lock()  # the API and the loop may plan in two threads
+
+
+def resolved(policy: Policy, catalogue: tuple[Offering, ...], blocks: tuple[CapacityBlock, ...],
+             now: datetime) -> Resolved:
+    """:func:`resolve_candidates`, memoized (see the module docstring), with the no-demand
+    pricing and ranking computed once per entry."""
+    active = tuple(b for b in blocks if b.until > now) if blocks else ()
+    specs = tuple(policy.offerings)
+    key = (id(policy), id(catalogue), active)
+    with _MEMO_LOCK:
+        entry = _MEMO.get(key)
+        if (entry is not None and entry[0] is policy and entry[1] is catalogue
+                and len(entry[2]) == len(specs) and all(map(is_, entry[2], specs))):
+            _MEMO.move_to_end(key)
+            return entry[3]
+    usable, rejected = resolve_candidates(policy, catalogue, active, now)
+    from orchestrator.planner.scaleup import price_options  # scaleup imports this module
+
+    result = Resolved(tuple(usable), tuple(rejected), tuple(price_options((), usable)),
+                      tuple(sorted(usable, key=lambda c: (c.offering.price_usd_hour, c.key))))
+    with _MEMO_LOCK:
+        _MEMO[key] = (policy, catalogue, specs, result)
+        if len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return result
 
 
 def resolve_candidates(
@@ -129,7 +185,7 @@ def nodes_needed(widths: Counter[int], node_gpus: int) -> int:
 
 def expected_hours(durations: list[float | None]) -> float:
     """Expected runtime of the work (mean of known time limits; an hour when none is known)."""
-    known = [d for d in durations if d]
+    known = list(filter(None, durations))
     return (sum(known) / len(known) / 3600.0) if known else DEFAULT_JOB_HOURS
 
 

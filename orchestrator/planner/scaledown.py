@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.nodes import Node
 from orchestrator.domain.plan import Action, ActionReason, Drain, Terminate
 from orchestrator.domain.snapshot import PolicyMemory
+from orchestrator.planner.census import Census, take_census
 from orchestrator.policy.models import Policy
 
 
@@ -38,33 +39,31 @@ def plan_scale_down(
     decision_id: str,
     floor_gpus: int = 0,
     bounded: frozenset[str] = frozenset(),
+    census: Census | None = None,
 ) -> list[Action]:
+    """``census``: the nodes' census this tick (:func:`take_census` of ``nodes`` when not given)."""
+    if census is None:
+        census = take_census(nodes, policy, now)
     actions: list[Action] = []
-    for node in nodes:
-        if node.state is not NodeState.DRAINING:
-            continue
+    for node in census.draining:
         if node.released:
             actions.append(Terminate(node.id, ActionReason.DRAINED, decision_id=decision_id))
         elif node.drain_deadline is not None and now >= node.drain_deadline:
             actions.append(Terminate(node.id, ActionReason.DRAIN_DEADLINE, decision_id=decision_id))
+    ready = census.ready
+    staying, staying_gpus = census.staying, census.staying_gpus
+    idle = [n for n in census.idle if n.id not in busy_nodes]
 
-    ready = [n for n in nodes if n.state is NodeState.READY]
     deadline = now + policy.scale_down.drain_grace
     keep = policy.limits.min_nodes
     in_cooldown = (
         memory.last_launch_at is not None
         and now - memory.last_launch_at < policy.cooldowns.scale_down
     )
-    # Nodes that still count toward min_nodes: everything alive that is not leaving.
-    staying = [n for n in nodes if n.state.in_flight or n.state is NodeState.READY]
-    removable = len(staying) - keep
-    staying_gpus = sum(n.gpus for n in staying)
+    removable = staying - keep
     draining_now: set[str] = set()
 
-    idle = sorted(
-        (n for n in ready if _idle_long_enough(n, policy, now) and n.id not in busy_nodes),
-        key=lambda n: (n.idle_since, n.id),
-    )
+    idle.sort(key=lambda n: (n.idle_since, n.id))
     if in_cooldown:
         longest = policy.scale_down.idle_for + policy.cooldowns.scale_down
         idle = [n for n in idle
@@ -83,7 +82,7 @@ def plan_scale_down(
     # Only nodes that are staying count as excess: nodes already draining, terminating or failed
     # are on their way out, as are the ones drained as idle just above. Counting them (all nodes
     # not terminated) drained more ready nodes on every tick until none was left.
-    excess = len(staying) - len(draining_now) - policy.limits.max_nodes
+    excess = staying - len(draining_now) - policy.limits.max_nodes
     if excess > 0:
         # Prefer idle nodes, then the least busy; never the ones already leaving.
         order = sorted(
@@ -95,9 +94,3 @@ def plan_scale_down(
     return actions
 
 
-def _idle_long_enough(node: Node, policy: Policy, now: datetime) -> bool:
-    return (
-        node.running_jobs == 0
-        and node.idle_since is not None
-        and now - node.idle_since >= policy.scale_down.idle_for
-    )

@@ -27,14 +27,19 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
+from operator import attrgetter
 
 from orchestrator.domain.jobs import Job
-from orchestrator.domain.nodes import Node
+from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import OfferingOption
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, job_runtime_s
 from orchestrator.planner.demand import Bins
 from orchestrator.planner.offerings import Candidate, expected_cost, expected_hours, nodes_needed
 from orchestrator.policy.models import Policy
+
+_IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
+_GPUS = attrgetter("gpus")
+_DURATION = attrgetter("duration_s")
 
 
 @dataclass(slots=True)
@@ -57,9 +62,9 @@ class Budget:
             return "limits.max_hourly_spend_usd"
         if self.gpus is not None and o.gpus > self.gpus:
             return "limits.max_burst_gpus"
-        room = self.per_offering.get(o.key)
+        room = self.per_offering.get(candidate.key)
         if room is not None and room <= 0:
-            return f"offerings[{o.key}].max_nodes"
+            return f"offerings[{candidate.key}].max_nodes"
         return None
 
     def clone(self) -> Budget:
@@ -78,26 +83,28 @@ class Budget:
             self.spend_usd_hour -= o.price_usd_hour
         if self.gpus is not None:
             self.gpus -= o.gpus
-        room = self.per_offering.get(o.key)
+        room = self.per_offering.get(candidate.key)
         if room is not None:
-            self.per_offering[o.key] = room - 1
+            self.per_offering[candidate.key] = room - 1
 
 
 def pool_budget(policy: Policy, nodes: list[Node], candidates: list[Candidate]) -> Budget:
-    alive = [n for n in nodes if n.state.counts_toward_limits]
+    terminated = NodeState.TERMINATED
+    alive = [n for n in nodes if n.state is not terminated]
     limits = policy.limits
     spend = None
     if limits.max_hourly_spend_usd is not None:
         spend = float(limits.max_hourly_spend_usd) - sum(n.price_usd_hour for n in alive)
     gpus = None if limits.max_burst_gpus is None else limits.max_burst_gpus - sum(n.gpus for n in alive)
     per_offering: dict[str, int | None] = {}
-    for c in candidates:
-        if c.max_nodes is not None:
-            used = sum(1 for n in alive if n.offering_key == c.offering.key)
-            per_offering[c.offering.key] = c.max_nodes - used
+    if any(c.max_nodes is not None for c in candidates):
+        by_offering = Counter(n.offering_key for n in alive)
+        for c in candidates:
+            if c.max_nodes is not None:
+                per_offering[c.key] = c.max_nodes - by_offering[c.key]
     return Budget(
         nodes=limits.max_nodes - len(alive),
-        launches=limits.max_concurrent_launches - sum(1 for n in alive if n.state.in_flight),
+        launches=limits.max_concurrent_launches - sum(1 for n in alive if n.state in _IN_FLIGHT),
         spend_usd_hour=spend,
         gpus=gpus,
         per_offering=per_offering,
@@ -106,12 +113,12 @@ def pool_budget(policy: Policy, nodes: list[Node], candidates: list[Candidate]) 
 
 def price_options(unmet: tuple[Job, ...], candidates: list[Candidate]) -> list[OfferingOption]:
     """Each candidate's node count and expected cost for all unmet demand, cheapest first."""
-    widths = Counter(j.gpus for j in unmet)
-    hours = expected_hours([j.duration_s for j in unmet])
+    widths = Counter(map(_GPUS, unmet))
+    hours = expected_hours(list(map(_DURATION, unmet)))
     options = []
     for c in candidates:
         n = nodes_needed(widths, c.offering.gpus)
-        options.append(OfferingOption(c.offering.key, c.offering.gpus, c.offering.price_usd_hour,
+        options.append(OfferingOption(c.key, c.offering.gpus, c.offering.price_usd_hour,
                                       n, round(expected_cost(c.offering, n, hours), 4)))
     options.sort(key=lambda o: (o.expected_cost_usd, o.nodes, o.offering_key))
     return options
@@ -233,7 +240,7 @@ class _Pass:
         for candidate in self.ranked:
             size = candidate.offering.gpus
             bins.node_size = bins.node_size or size
-            offering_limit = f"offerings[{candidate.offering.key}].max_nodes"
+            offering_limit = f"offerings[{candidate.key}].max_nodes"
             carried: list[Job] = []  # jobs this offering could not take: next candidate's turn
             pool_bound = self.full = False
             for job in (self._fair_order(left) if fair else left):
@@ -254,15 +261,18 @@ class _Pass:
                 # would run nothing, idle and be drained, or be launched again next tick (the
                 # nodes in flight cannot hold the job), a flap; a limit smaller than its need
                 # holds it back.
-                runtime = job_runtime_s(self.policy, job.duration_s)
-                commit = commitment_usd(self.policy, candidate.offering, runtime)
+                # The limits first: the commitment (Decimal arithmetic) is worked out only for a
+                # job they let through, since a bound pool can turn down thousands of jobs a tick.
                 blocker = _blocker(self.budget, candidate, count)
                 quota = self.policy.project_quota(job.project)
                 if (blocker is None and quota is not None
                         and self.held.get(job.project, 0) + count * size > quota):
                     blocker = f"projects[{job.project}].max_burst_gpus"
-                if blocker is None and self.books is not None:
-                    blocker = self.books.blocker(job.project, candidate.offering, commit, count)
+                if blocker is None:
+                    runtime = job_runtime_s(self.policy, job.duration_s)
+                    commit = commitment_usd(self.policy, candidate.offering, runtime)
+                    if self.books is not None:
+                        blocker = self.books.blocker(job.project, candidate.offering, commit, count)
                 if blocker is not None:
                     self.hold(blocker)
                     if blocker == offering_limit or blocker.startswith("budgets["):
