@@ -132,7 +132,10 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
             mark = pool_marks[pool]
             runs = [j for j in jobs.get(pool, []) if mark is None or j.end is None or j.end > mark]
             if mark is None and not runs:
-                continue  # no on-prem work yet: nothing to mark from
+                # No on-prem work yet (e.g. a Slurm pool: its on-prem work is not in this queue):
+                # mark the settled past as done, or every roll-up would read all on-prem jobs.
+                store.set_ledger_mark(ONPREM_SUBJECT + pool, hour_floor(now - settle), now)
+                continue
             start = mark or min(hour_floor(j.start) for j in runs)
             final = max(hour_floor(now - settle), start)
             lines = onprem_lines(pool, policy, usd, runs, start=start, until=now,

@@ -218,6 +218,19 @@ def test_onprem_work_and_nodes_of_unloaded_policies(store: Store) -> None:
     assert roll_up(store, [onprem_policy(2.0)], T0 + 2 * H).lines_written == 0
 
 
+def test_a_pool_with_no_onprem_work_is_marked_so_later_roll_ups_read_only_new_jobs(
+        store: Store) -> None:
+    """A pool with an on-prem rate but no on-prem jobs in this queue (a Slurm pool): its settled
+    past is marked done, so a roll-up does not read every on-prem job ever, every time."""
+    policies = [onprem_policy(2.0)]
+    roll_up(store, policies, T0 + 2 * H)
+    assert store.ledger_mark("onprem:" + POOL) == T0 + H
+    run_job(store, "nlp", 4, T0 + 2 * H, T0 + 3 * H)  # later work is still billed
+    roll_up(store, policies, T0 + 4 * H)
+    onprem = [x for x in store.ledger_lines("onprem:" + POOL) if x.kind is CostKind.ONPREM]
+    assert sum(x.cost_micros for x in onprem) == 8_000_000  # 4 GPU-h at $2
+
+
 def test_two_roll_ups_at_once_converge(store: Store) -> None:
     for i in range(6):
         launch(store, f"n{i}", T0 + i * M, price=4.1 * (i + 1))
