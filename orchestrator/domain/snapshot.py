@@ -30,14 +30,28 @@ class OnPremState:
 
 
 @dataclass(frozen=True, slots=True)
+class OnPremRelease:
+    """A job running on-prem: the GPUs it holds and when it is expected to end (start + time
+    limit). The wait-aware rule (``trigger.wait_slo``) predicts on-prem starts from these."""
+
+    gpus: int
+    ends_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class PoolQueue:
-    """The queue of one pool: pending jobs and on-prem capacity."""
+    """The queue of one pool: pending jobs and on-prem capacity.
+
+    ``onprem_releases``: the running on-prem jobs whose expected end is known (optional; empty
+    when the source cannot tell, and then the wait-aware rule assumes no GPU frees up).
+    """
 
     pool: str
     onprem: OnPremState
     pending: tuple[Job, ...] = ()
     running_onprem_jobs: int = 0
     running_burst_jobs: int = 0
+    onprem_releases: tuple[OnPremRelease, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

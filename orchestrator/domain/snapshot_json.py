@@ -21,6 +21,7 @@ from orchestrator.domain.plan import Decision, Drain, Hold, Launch, OfferingOpti
 from orchestrator.domain.snapshot import (
     BudgetSpend,
     CapacityBlock,
+    OnPremRelease,
     OnPremState,
     PolicyMemory,
     PoolQueue,
@@ -28,8 +29,8 @@ from orchestrator.domain.snapshot import (
     Snapshot,
 )
 
-for _cls in (Job, Node, BillingRule, Offering, CapacityBlock, OnPremState, PolicyMemory, PoolQueue,
-             PrewarmRequest, BudgetSpend, Snapshot):
+for _cls in (Job, Node, BillingRule, Offering, CapacityBlock, OnPremState, OnPremRelease,
+             PolicyMemory, PoolQueue, PrewarmRequest, BudgetSpend, Snapshot):
     _cls.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 _SNAPSHOT = TypeAdapter(Snapshot)
@@ -76,6 +77,8 @@ def _times(snapshot: Snapshot):
     for pool, queue in snapshot.queues.items():
         for i, job in enumerate(queue.pending):
             yield f"queues.{pool}.pending.{i}.submitted_at", job.submitted_at
+        for i, release in enumerate(queue.onprem_releases):
+            yield f"queues.{pool}.onprem_releases.{i}.ends_at", release.ends_at
     for i, node in enumerate(snapshot.nodes):
         yield f"nodes.{i}.state_since", node.state_since
     for pool, request in snapshot.prewarm.items():

@@ -5,7 +5,9 @@ It reads only its arguments: no store, no provider, no clock, no randomness. Ids
 tick twice yields the same actions and the executor's idempotency makes the repeat harmless.
 
 Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); absorption of pending
-jobs into on-prem and existing burst capacity (:mod:`.demand`); the trigger with its
+jobs into on-prem and existing burst capacity (:mod:`.demand`); with the opt-in
+``trigger.wait_slo``, the wait-aware split of the unmet jobs into those due to burst now and those
+left to on-prem or to later (:mod:`.wait`); the trigger with its
 ``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`);
 then an operator's pre-warm floor (:func:`_prewarm`), which launches what the floor still lacks.
 Budgets (:mod:`.budgets`) are checked by every launch, which carries the spend it commits; a
@@ -23,6 +25,7 @@ records what it always recorded (``tests/unit/test_planner_speed.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Iterable
@@ -49,6 +52,7 @@ from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, Resolved, resolved
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import Budget, Grant, grant_nodes, pool_budget, price_options
+from orchestrator.planner.wait import WaitSplit, split_unmet
 from orchestrator.policy.models import Policy, TriggerCombine
 
 __all__ = ["plan"]
@@ -102,6 +106,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     memory = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
     demand = absorb(queue, nodes, policy, census)
+    # Opt-in wait-aware rule: only the unmet jobs due now may launch (the others stay queued).
+    split: WaitSplit | None = None
+    if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
+        split = split_unmet(demand.unmet, demand.onprem_absorbed, queue, policy, now)
+        demand = dataclasses.replace(demand, unmet=split.due,
+                                     unmet_gpus=sum(map(_GPUS, split.due)))
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
@@ -127,6 +137,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     trigger_since = (memory.trigger_since or now) if fired else None
     held_for = (now - trigger_since).total_seconds() if trigger_since else 0.0
     inputs = _inputs(policy, demand, census, queue is not None, beyond, now, trigger_text, held_for)
+    if split is not None:
+        inputs["wait_aware"] = split.inputs(policy)
 
     resolved_ = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now)
     candidates, rejected = list(resolved_.candidates), list(resolved_.rejected)
@@ -164,6 +176,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         else:
             summary = ("nothing pending" if not demand.ordered
                        else "all pending work fits on free on-prem GPUs")
+            if split is not None:
+                summary = "no unmet job is due to burst (wait_slo)"
     elif not fired:
         rule = Rule.TRIGGER_NOT_MET
         summary = f"{demand.unmet_gpus} unmet GPU(s), but {trigger_text}"
@@ -197,6 +211,9 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         else:
             rule = Rule.LIMITED
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
+
+    if split is not None and (split.deferred or split.waiting):
+        summary = f"{summary}; {split.text()}"
 
     if prewarm is not None:
         if budget is None and candidates:

@@ -119,6 +119,20 @@ class Trigger(PolicyModel):
         default=timedelta(minutes=1),
         description="The condition must hold this long before anything is launched (hysteresis).",
     )
+    wait_slo: Duration | None = Field(
+        default=None,
+        description="Opt-in wait-aware scale-up: the queue-wait target of a pending job. When set, "
+        "the planner predicts each unmet job's on-prem start from the running on-prem jobs' "
+        "expected ends (in scheduling order); a job predicted to start on-prem by submit + "
+        "wait_slo - expected_boot stays queued for on-prem, and any other job is burst only once "
+        "waiting one more minute would miss that point (just in time), not at arrival. Unset: "
+        "every unmet job may be burst as soon as the trigger fires.",
+    )
+    expected_boot: Duration = Field(
+        default=timedelta(minutes=5),
+        description="Boot time the wait-aware rule (wait_slo) allows for a burst node between "
+        "its launch and the job's start.",
+    )
 
 
 class OfferingSpec(PolicyModel):

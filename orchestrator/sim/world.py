@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.snapshot import OnPremState, PoolQueue
+from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.policy.models import Policy
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import Allocation, GpuPool
@@ -111,6 +111,10 @@ class World:
         self.finished = 0
         self.started: list[SimJob] = []  # filled by dispatch; the engine schedules their ends
         self._free_cache: tuple[int, tuple[int, ...]] = (-1, ())
+        # Expected end of each on-prem running job (start + its duration, the trace's "time
+        # limit"), for the wait-aware rule; kept per job so a snapshot only gathers them.
+        self._releases: dict[int, OnPremRelease] = {}
+        self._releases_cache: tuple[int, tuple[OnPremRelease, ...]] = (-1, ())
         # Set by the engine: called when a burst node becomes idle (baselines time scale-down).
         self.on_node_idle: Callable[[str, float], None] | None = None
         self.onprem_gpu_s = 0.0
@@ -177,6 +181,7 @@ class World:
         if where == "onprem":
             self.running_onprem += 1
             self.onprem_running[job.index] = job
+            self._releases[job.index] = OnPremRelease(job.gpus, at(now + job.trace.duration_s))
             return
         self.running_burst += 1
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
@@ -199,6 +204,7 @@ class World:
         if job.where == "onprem":
             self.running_onprem -= 1
             del self.onprem_running[job.index]
+            self._releases.pop(job.index, None)
             self.onprem.release(job.alloc)
             self.onprem_gpu_s += job.gpus * runtime
         else:
@@ -288,9 +294,14 @@ class World:
             free = self.onprem.free_per_node()
             self._free_cache = (self.onprem.version, free)
         onprem = OnPremState(self.onprem.total, self.onprem.free_total, free)
+        version, releases = self._releases_cache
+        if version != self.onprem.version:
+            releases = tuple(self._releases.values())
+            self._releases_cache = (self.onprem.version, releases)
         return PoolQueue(self.pool_name, onprem, self._pending_tuple,
                          running_onprem_jobs=self.running_onprem,
-                         running_burst_jobs=self.running_burst)
+                         running_burst_jobs=self.running_burst,
+                         onprem_releases=releases)
 
     def quiescent(self) -> bool:
         """Nothing pending and no burst node alive: a planner can have nothing to do."""

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.snapshot import OnPremState, PoolQueue
+from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.planner.demand import Bins, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
@@ -68,6 +68,7 @@ class BuiltinQueue:
                 pending=tuple(j.to_domain() for j in pending if j.pool == pool),
                 running_onprem_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.ONPREM),
                 running_burst_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.BURST),
+                onprem_releases=_releases(pool, running),
             )
         return queues
 
@@ -166,3 +167,13 @@ class BuiltinQueue:
             if self.store.requeue_job(job, now, RunOutcome.NODE_GONE) is not None:
                 count += 1
         return count
+
+
+def _releases(pool: str, running: list[JobRecord]) -> tuple[OnPremRelease, ...]:
+    """The pool's running on-prem jobs with a known expected end (start + time limit)."""
+    return tuple(
+        OnPremRelease(j.gpus, j.started_at + timedelta(seconds=j.duration_s))
+        for j in running
+        if j.pool == pool and j.placement is Placement.ONPREM
+        and j.started_at is not None and j.duration_s is not None
+    )

@@ -1,0 +1,136 @@
+"""The wait-aware scale-up rule (opt-in with ``trigger.wait_slo``): which unmet jobs to burst now.
+
+Without it every unmet job may be burst as soon as the trigger fires, so a job that on-prem would
+have started a few minutes later still goes to the cloud. With it, each unmet job's on-prem start
+is predicted by a small simulation: the pool's on-prem GPUs, free now (less what the jobs absorbed
+this tick take), free up at the running on-prem jobs' expected ends
+(:attr:`~orchestrator.domain.snapshot.PoolQueue.onprem_releases`); the unmet jobs are placed in
+scheduling order at the first minute where enough GPUs stay free for their expected runtime. The
+GPUs are pooled (node fragmentation is ignored) and future arrivals are unknown: an estimate, as in
+:mod:`.demand`, not a schedule.
+
+A job's *deadline* is ``submitted_at + wait_slo - expected_boot``: the last moment a node launched
+for it can still start it within the SLO. A job predicted to start on-prem by its deadline is
+*deferred* (left queued for on-prem, and its GPUs are reserved in the simulation so later jobs
+queue behind it). Any other job is *late*: it is *due* (burst now) once ``now`` is within one tick
+(:data:`TICK_S`) of its deadline, and *waiting* until then, so a burst happens just in time rather
+than at arrival (a GPU freeing early meanwhile can still take it on-prem). A job whose deadline has
+passed is always due, so a wrong prediction cannot hold a job back forever.
+
+Pure: no clock, no I/O; ``now`` is an argument. A job without an expected runtime holds its GPUs
+to the end of the simulated horizon; a running job past its expected end frees at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orchestrator.domain.jobs import Job
+from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.policy.models import Policy
+
+STEP_S = 60.0  # resolution of the simulated on-prem schedule
+TICK_S = 60.0  # the margin before a deadline at which a late job becomes due (one planner tick)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitSplit:
+    """The unmet jobs, split by the wait-aware rule (each tuple in scheduling order)."""
+
+    due: tuple[Job, ...]  # late and at their deadline: burst now
+    deferred: tuple[Job, ...]  # predicted to start on-prem within the SLO: not burst
+    waiting: tuple[Job, ...]  # late, but bursting them can wait until their deadline
+    earliest_burst_at: datetime | None = None  # when the first waiting job becomes due
+
+    def inputs(self, policy: Policy) -> dict:
+        trigger = policy.trigger
+        return {
+            "wait_slo_s": trigger.wait_slo.total_seconds() if trigger.wait_slo else None,
+            "expected_boot_s": trigger.expected_boot.total_seconds(),
+            "deferred_to_onprem_jobs": len(self.deferred),
+            "deferred_to_onprem_gpus": sum(j.gpus for j in self.deferred),
+            "waiting_jobs": len(self.waiting),
+            "due_jobs": len(self.due),
+            "earliest_burst_deadline": (self.earliest_burst_at.isoformat()
+                                        if self.earliest_burst_at else None),
+        }
+
+    def text(self) -> str:
+        parts = []
+        if self.deferred:
+            parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
+                         "(predicted to start within wait_slo)")
+        if self.waiting:
+            at = self.earliest_burst_at.isoformat().replace("+00:00", "Z")  # type: ignore[union-attr]
+            parts.append(f"{len(self.waiting)} late job(s) to burst from {at}")
+        return "; ".join(parts)
+
+
+def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
+                policy: Policy, now: datetime) -> WaitSplit:
+    """Split ``unmet`` (in scheduling order) into due, deferred and waiting jobs; see the module
+    docstring. ``onprem_absorbed``: the jobs that start on free on-prem GPUs this tick."""
+    slo = policy.trigger.wait_slo
+    if slo is None or not unmet:
+        return WaitSplit(tuple(unmet), (), ())
+    lead = slo.total_seconds() - policy.trigger.expected_boot.total_seconds()
+    deadlines = [(j.submitted_at - now).total_seconds() + lead for j in unmet]  # from now, in s
+    horizon = max(deadlines)
+    slots = max(int(horizon // STEP_S) + 2, 2)
+    free = [queue.onprem.free_gpus] * slots
+
+    def hold(gpus: int, start: int, duration_s: float | None) -> None:
+        end = slots if duration_s is None else min(start + _length(duration_s), slots)
+        for k in range(start, end):
+            free[k] -= gpus
+
+    for job in onprem_absorbed:  # they start now, on GPUs counted free above
+        hold(job.gpus, 0, job.duration_s)
+    for release in queue.onprem_releases:
+        k = max(math.ceil((release.ends_at - now).total_seconds() / STEP_S), 0)
+        for i in range(k, slots):
+            free[i] += release.gpus
+
+    due: list[Job] = []
+    deferred: list[Job] = []
+    waiting: list[Job] = []
+    earliest: float | None = None
+    for job, deadline in zip(unmet, deadlines):
+        start = _first_fit(free, job.gpus, job.duration_s, int(deadline // STEP_S))
+        if start is not None:
+            hold(job.gpus, start, job.duration_s)
+            deferred.append(job)
+        elif deadline - TICK_S <= 0:
+            due.append(job)
+        else:
+            waiting.append(job)
+            burst_in = deadline - TICK_S
+            earliest = burst_in if earliest is None else min(earliest, burst_in)
+    at = None if earliest is None else now + timedelta(seconds=earliest)
+    return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at)
+
+
+def _length(duration_s: float) -> int:
+    return max(math.ceil(duration_s / STEP_S), 1)
+
+
+def _first_fit(free: list[int], gpus: int, duration_s: float | None, last: int) -> int | None:
+    """The first slot ``k <= last`` from which ``gpus`` stay free for the job's runtime (to the
+    horizon at most), or None."""
+    slots = len(free)
+    length = slots if duration_s is None else _length(duration_s)
+    k = 0
+    stop = min(last, slots - 1)
+    while k <= stop:
+        end = min(k + length, slots)
+        short = -1
+        for i in range(end - 1, k - 1, -1):
+            if free[i] < gpus:
+                short = i
+                break
+        if short < 0:
+            return k
+        k = short + 1
+    return None
