@@ -16,11 +16,12 @@ token's projects:
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestrator.api.auth import Caller, invalid, parse_projects, project_scope, require_role
@@ -29,6 +30,7 @@ from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy import parse_duration
+from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
 from orchestrator.store.tokens import PROJECT_RE, Role
 from orchestrator.wiring import Runtime
@@ -245,8 +247,16 @@ def router(runtime: Runtime) -> APIRouter:
         return QueueOut(at=iso(now) or "", pools=summary,
                         jobs=[JobOut.of(j, now) for j in jobs[:limit]])
 
-    @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut)
-    def submit_job(token: Caller, body: JobIn) -> JobOut:
+    @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut,
+              responses={200: {"description": "a repeat of an earlier submission with the same "
+                                              "Idempotency-Key: the job queued then"},
+                         409: {"description": "the Idempotency-Key was used for another job"}})
+    def submit_job(token: Caller, body: JobIn, response: Response,
+                   idempotency_key: Annotated[str | None, Header(
+                       max_length=128, pattern=r"^[\x21-\x7e]+$",
+                       description="Makes a retried submission queue the job once: the same "
+                                   "key (per token) returns the job queued the first time.")
+                   ] = None) -> JobOut:
         """Queue a job in the built-in queue (submitter of the job's project, or admin)."""
         require_role(token, Role.SUBMITTER)
         if not token.sees(body.project):
@@ -261,9 +271,22 @@ def router(runtime: Runtime) -> APIRouter:
                                   f"{', '.join(pools)}", where="body")
         now = runtime.clock.now()
         seconds = parse_duration(body.duration).total_seconds()
-        job = runtime.store.submit_job(project=body.project, pool=pool, gpus=body.gpus,
-                                       priority=body.priority, duration_s=seconds,
-                                       command=body.command, submitted_at=now)
+        job_id = None
+        if idempotency_key is not None:
+            # Scoped to the token: one tenant's keys can neither collide with nor reveal another's.
+            digest = hashlib.sha256(f"{token.id}\n{idempotency_key}".encode()).hexdigest()
+            job_id = "j-k" + digest[:20]  # the queue's "j-" ids, "k" for keyed
+        try:
+            job = runtime.store.submit_job(project=body.project, pool=pool, gpus=body.gpus,
+                                           priority=body.priority, duration_s=seconds,
+                                           command=body.command, submitted_at=now, job_id=job_id)
+        except JobExists as repeat:
+            response.status_code = 200
+            return JobOut.of(repeat.job, now)
+        except JobIdConflict:
+            raise Problem(409, "idempotency key reused",
+                          "this Idempotency-Key was used for a different job; use a new key "
+                          "for a new job") from None
         return JobOut.of(job, now)
 
     return api

@@ -29,6 +29,18 @@ JOB_ID_PREFIX = "j-"
 _FINAL_STATES = frozenset({JobState.DONE, JobState.FAILED})
 
 
+class JobIdConflict(ValueError):
+    """An idempotent submission reused a job id for a different job."""
+
+
+class JobExists(Exception):  # noqa: N818 - an outcome, not a failure
+    """An idempotent submission repeated: the job queued the first time is ``job``."""
+
+    def __init__(self, job: JobRecord):
+        super().__init__(f"job {job.id} exists")
+        self.job = job
+
+
 def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(5)
 
@@ -67,11 +79,36 @@ class JobQueue(StoreBase):
         duration_s: float | None,
         command: str | None,
         submitted_at: datetime,
+        job_id: str | None = None,
     ) -> JobRecord:
-        """Queue a new job (PENDING) and return its record with a fresh id."""
+        """Queue a new job (PENDING) and return its record with a fresh id.
+
+        With ``job_id`` (a client's idempotency key made into an id) the submission is
+        idempotent: if that job exists already with the same fields it is returned as it is now
+        (``JobExists``'s job), and with other fields :class:`JobIdConflict` is raised.
+        """
         if gpus < 1:
             raise ValueError(f"a job needs at least one GPU, got {gpus}")
         require_aware(submitted_at, "submitted_at")
+        if job_id is not None:
+            record = JobRecord(
+                id=job_id, project=project, pool=pool, gpus=gpus, priority=priority,
+                duration_s=duration_s, command=command, state=JobState.PENDING, placement=None,
+                node_id=None, submitted_at=submitted_at, started_at=None, finished_at=None,
+                exit_code=None, attempts=0, version=0,
+            )
+            with self._write() as conn:
+                stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
+                if conn.execute(stmt).rowcount == 1:
+                    return record
+                row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
+            existing = _job_from_row(row)
+            same = (existing.project, existing.pool, existing.gpus, existing.priority,
+                    existing.duration_s, existing.command) == (
+                    project, pool, gpus, priority, duration_s, command)
+            if not same:
+                raise JobIdConflict(f"job {job_id} exists with other fields")
+            raise JobExists(existing)
         with self._write() as conn:
             # 40 random bits make a collision unlikely, not impossible: retry on the rare clash
             # rather than fail the submission.

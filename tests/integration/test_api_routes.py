@@ -183,6 +183,31 @@ def test_submit_a_job_then_see_it_in_the_queue(
     assert len(store.jobs()) == 1  # nothing written by the refused calls
 
 
+def test_a_retried_submission_with_an_idempotency_key_queues_the_job_once(
+        client: httpx.Client, rig: Rig, store: Store, tokens: Tokens) -> None:
+    keyed = {**bearer(tokens.submitter), "Idempotency-Key": "nightly-eval-2026-11-30"}
+    first = client.post("/v1/jobs", headers=keyed, json=JOB)
+    assert first.status_code == 201, first.text
+    rig.clock.advance(minutes=1)
+    again = client.post("/v1/jobs", headers=keyed, json=JOB)  # e.g. the answer was lost: retry
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"] and again.json()["wait_s"] == 60.0
+    assert len(store.jobs()) == 1
+
+    other = assert_problem(client.post("/v1/jobs", headers=keyed, json={**JOB, "gpus": 4}), 409)
+    assert "Idempotency-Key" in other["detail"] and len(store.jobs()) == 1
+    # Keys are per token: the admin's same key is another job, not a replay of the submitter's.
+    admin = client.post("/v1/jobs", json=JOB, headers={**bearer(tokens.admin),
+                                                        "Idempotency-Key": keyed["Idempotency-Key"]})
+    assert admin.status_code == 201 and admin.json()["id"] != first.json()["id"]
+    # Without a key every POST is a new job.
+    assert client.post("/v1/jobs", headers=bearer(tokens.submitter), json=JOB).status_code == 201
+    assert len(store.jobs()) == 3
+    bad = client.post("/v1/jobs", json=JOB, headers={**bearer(tokens.submitter),
+                                                      "Idempotency-Key": "has space"})
+    assert "idempotency-key" in assert_problem(bad, 422)["detail"].lower()
+
+
 @pytest.mark.parametrize(("body", "names"), [
     ({"project": "research", "duration": "30m"}, "body.gpus"),
     ({**JOB, "gpus": 0}, "body.gpus"),
