@@ -262,6 +262,7 @@ class MiniCluster:
             except subprocess.TimeoutExpired:
                 pass
         self._procs.clear()
+        _kill_job_leftovers(self.base)
 
     def _live_jobs(self) -> list[dict]:
         try:
@@ -278,6 +279,42 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _kill_job_leftovers(base: Path) -> list[int]:
+    """Kill what jobs left behind on this host: job scripts (their command line names this
+    cluster's spool) and everything they started. On one host, a job's processes outlive a
+    slurmd that was killed under it (a real burst node takes them along when it is terminated).
+    Returns the pids killed."""
+    marker = (str(base) + os.sep).encode()
+    parents: dict[int, int] = {}
+    roots: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(stat_fields[1])
+        if marker in cmdline and pid != os.getpid():
+            roots.add(pid)
+    doomed = set(roots)
+    grew = True
+    while grew:  # and their descendants (a job's sleep, its python, ...)
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in doomed and pid not in doomed:
+                doomed.add(pid)
+                grew = True
+    for pid in sorted(doomed):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return sorted(doomed)
 
 
 def _alive(pid: int) -> bool:
