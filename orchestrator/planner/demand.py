@@ -56,31 +56,25 @@ class Bins:
 
     def place(self, gpus: int) -> list[int] | None:
         """Place a job; return the indexes of the bins used, or None if it does not fit."""
-        if gpus <= 0:
-            return []
-        if gpus > self.total:
-            return None
+        used = self.peek(gpus)
+        if not used:
+            return used
         by_free = self._by_free
         if gpus <= self.node_size:
-            for room in range(gpus, len(by_free)):
-                if by_free[room]:
-                    index = by_free[room].pop()
-                    self._move(index, room - gpus)
-                    return [index]
-            return None
-        # Multi-node job: needs ceil(gpus / node_size) bins that are whole free nodes.
-        needed = -(-gpus // self.node_size)
-        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
-        if len(whole) < needed:
-            return None
-        used = sorted(whole)[:needed]
+            index = used[0]
+            room = self.free[index]
+            by_free[room].pop()  # peek chose the last bin of its free-GPU list
+            self._move(index, room - gpus)
+            return used
+        # Multi-node job: whole free nodes, each emptied.
         for index in used:
             by_free[self.free[index]].remove(index)
             self._move(index, 0)
         return used
 
     def peek(self, gpus: int) -> list[int] | None:
-        """The bins :meth:`place` would use for a job of ``gpus``, without placing it."""
+        """The bins :meth:`place` uses for a job of ``gpus``, without placing it: the bin with the least room
+        that fits a one-node job, or ``ceil(gpus / node_size)`` whole free nodes, lowest first."""
         if gpus <= 0:
             return []
         if gpus > self.total:
