@@ -8,11 +8,15 @@ Setting (docs/simulator.md, "Sizing"): the Microsoft ITP trace from ``$BURST_TRA
 ``../shared/data``), on-prem capacity = the 70th percentile of its concurrent GPU demand (every job
 started at submit) in whole 8-GPU nodes, a 30-minute queue-wait SLO, seed 0, tick 1 minute.
 
+On-prem scheduling: easy backfill (``--backfill first-fit`` for the built-in queue's rule).
+
 Runs: the shipped default policy as it is (``default``), the default with its limits sized for a
 cluster of that size (``bench/policies/itp-default.yaml``), the same with a wait-only trigger
-(``bench/policies/itp-wait.yaml``), every baseline (never, greedy, threshold, clairvoyant), and
-``wait-aware``: a prototype of the per-job wait-aware rule recommended for the planner
-(``bench/wait_aware.py``; not shipped, and not the production planner).
+(``bench/policies/itp-wait.yaml``), the same with the planner's wait-aware rule
+(``bench/policies/itp-wait-aware.yaml``: ``trigger.wait_slo``), every baseline (never, greedy,
+threshold, clairvoyant), and ``wait-aware``: the prototype the planner's rule was built from
+(``bench/wait_aware.py``; not the production planner; ``--no-prototype`` skips it). Also printed, as
+a diagnostic: the clairvoyant's rule on the pool's whole nodes (``clairvoyant_on_nodes``).
 
 Speed: wall time of each replay and the time spent inside ``plan()`` (target: the whole trace in
 at most 15 s). Quality, for each policy against the issue's targets: SLO attainment within one
@@ -28,11 +32,14 @@ from pathlib import Path
 
 from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
 from orchestrator.sim import SimOptions, Trace, load_trace, simulate
+from orchestrator.sim.clairvoyant import clairvoyant_on_nodes
 from orchestrator.sim.replay import as_simulated, run_controlled, size_onprem
+from orchestrator.sim.world import Backfill
 
 HERE = Path(__file__).resolve().parent
 POLICIES = [("default", DEFAULT_POLICY_PATH), ("itp-default", HERE / "policies" / "itp-default.yaml"),
-            ("itp-wait", HERE / "policies" / "itp-wait.yaml")]
+            ("itp-wait", HERE / "policies" / "itp-wait.yaml"),
+            ("itp-wait-aware", HERE / "policies" / "itp-wait-aware.yaml")]
 
 
 def main() -> None:
@@ -40,6 +47,8 @@ def main() -> None:
     parser.add_argument("--trace", default="itp")
     parser.add_argument("--days", type=float, default=None, help="only jobs submitted in the first N days")
     parser.add_argument("--slo", type=float, default=1800.0, help="wait SLO in seconds")
+    parser.add_argument("--backfill", default="easy", choices=[b.value for b in Backfill],
+                        help="the on-prem scheduler's backfill rule")
     parser.add_argument("--no-prototype", action="store_true", help="skip the wait-aware prototype")
     parser.add_argument("--policy", action="append", default=None,
                         help="NAME=FILE to run instead of the three default policies (repeatable)")
@@ -54,7 +63,8 @@ def main() -> None:
                       tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400), trace.source)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
-    options = SimOptions(slo_s=args.slo, node_gpus=8, onprem="p70", tick_s=60.0)
+    options = SimOptions(slo_s=args.slo, node_gpus=8, onprem="p70", tick_s=60.0,
+                         backfill=Backfill(args.backfill))
     began = time.perf_counter()
     result = simulate(trace, policies, baselines=True, options=options)
     total_s = time.perf_counter() - began
@@ -91,6 +101,12 @@ def main() -> None:
 
     runs = {r["name"]: r for r in data["runs"]}
     greedy, clairvoyant = runs["greedy"], runs["clairvoyant"]
+    # Diagnostic, not a run: the clairvoyant's rule on the simulated pool's whole nodes.
+    began = time.perf_counter()
+    onprem = data["onprem"]
+    placed = clairvoyant_on_nodes(trace.jobs, onprem["nodes"], onprem["gpus_per_node"], args.slo)
+    nodes_gpu_h = sum(j.gpus * j.duration_s for j, p in zip(trace.jobs, placed) if p.cloud) / 3600
+    per_gpu_hour = clairvoyant["priced_at"]["usd_per_gpu_hour"]
     print("quality")
     print(f"{'run':<13} {'cost $':>11} {'x clv':>6} {'x greedy':>8} {'cloud GPUh':>11} "
           f"{'SLO jobs':>9} {'SLO GPUh':>9} {'max wait':>9} {'>3x SLO':>8} {'idle $':>9} {'launches':>9}")
@@ -101,6 +117,11 @@ def main() -> None:
               f"{ratio_g:8.3f} {run['cloud_gpu_hours']:11,.0f} {100 * run['slo_attainment']:8.2f}% "
               f"{100 * run['slo_attainment_gpu_hours']:8.2f}% {run['wait_max_s'] / 60:8.1f}m "
               f"{run['jobs_over_3x_slo']:8,} {run['idle_burst_cost_usd']:9,.0f} {launches:>9}")
+    print(f"{'clv-nodes':<13} {nodes_gpu_h * per_gpu_hour:11,.0f} "
+          f"{nodes_gpu_h * per_gpu_hour / clairvoyant['cloud_cost_usd']:6.3f} "
+          f"{nodes_gpu_h * per_gpu_hour / greedy['cloud_cost_usd']:8.3f} {nodes_gpu_h:11,.0f}   "
+          f"(the clairvoyant's rule on whole {onprem['gpus_per_node']}-GPU nodes; diagnostic, "
+          f"{time.perf_counter() - began:.1f} s)")
     print()
     print("targets (policy vs greedy and clairvoyant)")
     for name in [n for n, _ in policies] + (["wait-aware"] if "wait-aware" in runs else []):

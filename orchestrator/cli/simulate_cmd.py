@@ -23,6 +23,7 @@ def simulate_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sim provider's boot times, capacity errors and interruptions.")] = 0,
     slo: Annotated[str, typer.Option("--slo", help="Queue-wait SLO, e.g. 30m.")] = "30m",
     tick: Annotated[str, typer.Option("--tick", help="Virtual time between planner ticks.")] = "1m",
+    onprem_backfill: Annotated[str, typer.Option("--onprem-backfill", help="On-prem scheduler: easy (a job that does not fit reserves the nodes that free first; later jobs may not delay it) or first-fit (it is skipped).")] = "easy",
     threshold: Annotated[int, typer.Option("--threshold", help="N of the threshold baseline (pending minus free on-prem GPUs).")] = 64,
     boot_median: Annotated[str, typer.Option("--boot-median", help="Median launch-to-ready time of a burst node.")] = "3m20s",
     capacity_error_rate: Annotated[float, typer.Option("--capacity-error-rate", help="Probability that a spot launch fails for lack of capacity.")] = 0.0,
@@ -33,6 +34,7 @@ def simulate_command(
     """Replay a job trace against policies (and baselines) on a virtual clock, with the
     production planner deciding every tick; compare cost and queue wait."""
     from orchestrator.sim import SimOptions, SimulationError, TraceError, load_trace, simulate
+    from orchestrator.sim.world import Backfill
 
     def seconds(option: str, value: str) -> float:
         try:
@@ -47,6 +49,11 @@ def simulate_command(
         fail("--tick must be longer than 0s")
     if node_gpus is not None and node_gpus < 1:
         fail(f"--node-gpus must be at least 1, got {node_gpus}")
+    try:
+        backfill = Backfill(onprem_backfill)
+    except ValueError:
+        fail(f"--onprem-backfill must be one of {', '.join(b.value for b in Backfill)}, "
+             f"got {onprem_backfill!r}")
     paths = policy or [DEFAULT_POLICY]
     policies = load_policies(paths)
     stems = [p.stem for p in paths]
@@ -62,7 +69,7 @@ def simulate_command(
         boot["max_s"] = boot_s
     options = SimOptions(
         seed=seed, slo_s=slo_s, tick_s=tick_s, onprem=onprem_gpus, node_gpus=node_gpus,
-        threshold=threshold, boot=boot,
+        threshold=threshold, boot=boot, backfill=backfill,
         rates={"spot_capacity_error": capacity_error_rate,
                "interruptions_per_hour": interruption_rate})
     runs = list(zip(names, policies))
@@ -121,7 +128,8 @@ def render(data: dict) -> None:
     out.print(f"[bold]trace[/bold] {trace['name']}: {trace['jobs']:,} jobs, "
               f"{trace['gpu_hours']:,.0f} GPU-hours over {_dur(trace['span_s'])}; "
               f"[bold]on-prem[/bold] {onprem['nodes']} x {onprem['gpus_per_node']} = "
-              f"{onprem['gpus']:,} GPUs ({onprem['sizing']}); [bold]wait SLO[/bold] "
+              f"{onprem['gpus']:,} GPUs ({onprem['sizing']}; {onprem['backfill']} backfill); "
+              f"[bold]wait SLO[/bold] "
               f"{_dur(data['slo_s'])}; tick {_dur(data['tick_s'])}; seed {data['seed']}")
     cost = Table(title="cloud cost and use", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("run", "cloud\ncost", "x\nclv", "cloud\nGPUh", "onprem\nGPUh", "nodes\nlaunched",

@@ -65,3 +65,52 @@ def clairvoyant(jobs: tuple[TraceJob, ...], onprem_gpus: int, slo_s: float,
         if not placed:
             placements.append(Placement(True, 0.0))
     return placements
+
+
+def clairvoyant_on_nodes(jobs: tuple[TraceJob, ...], nodes: int, gpus_per_node: int, slo_s: float,
+                         resolution_s: int = RESOLUTION_S) -> list[Placement]:
+    """The same rule on the simulated pool's nodes instead of pooled GPUs: a job no wider than a
+    node needs that many GPUs of one node (the feasible node busiest at its start: best fit), a
+    wider one whole nodes, for its whole duration. Not the pinned reference (:func:`clairvoyant`
+    is): a diagnostic of how much of a policy's gap to it is node fragmentation, which no
+    scheduler of this cluster can avoid entirely (``docs/simulator.md``)."""
+    if not jobs:
+        return []
+    res = float(resolution_s)
+    end = max(j.submit_s + slo_s + j.duration_s for j in jobs)
+    used = np.zeros((nodes, int(end // res) + 3), dtype=np.int16)
+    placements: list[Placement] = []
+    for job in jobs:
+        wide = job.gpus > gpus_per_node
+        need = math.ceil(job.gpus / gpus_per_node) if wide else 1
+        if need > nodes:
+            placements.append(Placement(True, 0.0))
+            continue
+        first = int(job.submit_s // res)
+        last = int((job.submit_s + slo_s) // res)
+        slot = first
+        placed = False
+        while slot <= last:
+            start = job.submit_s if slot == first else slot * res
+            stop = int(math.ceil((start + max(job.duration_s, 1e-9)) / res))
+            window = used[:, slot:stop]
+            short = window != 0 if wide else window > gpus_per_node - job.gpus
+            blocked = short.any(axis=1)
+            free = np.flatnonzero(~blocked)
+            if free.size >= need:
+                if wide:
+                    used[free[:need], slot:stop] = gpus_per_node
+                else:
+                    node = free[np.argmax(used[free, slot])]
+                    used[node, slot:stop] += job.gpus
+                placements.append(Placement(False, start - job.submit_s))
+                placed = True
+                break
+            # Each node can next take the job just after its last shortfall in this window; the
+            # job needs ``need`` of them.
+            width = short.shape[1]
+            after = np.where(blocked, width - np.argmax(short[:, ::-1], axis=1), 0)
+            slot += int(np.partition(after, need - 1)[need - 1])
+        if not placed:
+            placements.append(Placement(True, 0.0))
+    return placements

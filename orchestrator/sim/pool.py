@@ -85,8 +85,22 @@ class GpuPool:
                 return True
         return False
 
-    def place(self, gpus: int) -> Allocation | None:
-        """Place a job of ``gpus``; the allocation, or None if it does not fit now."""
+    def place(self, gpus: int, avoid: frozenset[int] = frozenset()) -> Allocation | None:
+        """Place a job of ``gpus``, on no node in ``avoid``; the allocation, or None if it does
+        not fit now."""
+        allocation = self.find(gpus, avoid)
+        if allocation is not None:
+            self.take(allocation)
+        return allocation
+
+    def take(self, allocation: Allocation) -> None:
+        """Apply an allocation :meth:`find` returned (nothing has changed in between)."""
+        for index, used in allocation:
+            self._take(index, used)
+
+    def find(self, gpus: int, avoid: frozenset[int] = frozenset()) -> Allocation | None:
+        """Where :meth:`place` would put a job of ``gpus`` (nodes in ``avoid`` excluded), without
+        placing it; None if it does not fit now."""
         if gpus > self.free_total:
             return None
         if gpus > self.max_size:
@@ -95,20 +109,21 @@ class GpuPool:
             chosen: list[tuple[int, int]] = []
             covered = 0
             for neg_size, index in self._whole:
+                if index in avoid:
+                    continue
                 chosen.append((index, -neg_size))
                 covered -= neg_size
                 if covered >= gpus:
-                    break
-            for index, size in chosen:
-                self._take(index, size)
-            # The last node may be only partly used by the job; all of it is taken (whole nodes).
-            return tuple(chosen)
+                    # The last node may be only partly used by the job; all of it is taken
+                    # (whole nodes).
+                    return tuple(chosen)
+            return None
         by_free = self._by_free
         for room in range(gpus, len(by_free)):
-            if by_free[room]:
-                index = by_free[room][0]
-                self._take(index, gpus)
-                return ((index, gpus),)
+            for index in by_free[room]:
+                if index not in avoid:
+                    return ((index, gpus),)
+                # (``avoid`` holds a few reserved nodes: this inner scan is short)
         return None
 
     def release(self, allocation: Allocation) -> None:

@@ -31,7 +31,7 @@ from orchestrator.sim.engine import Engine, Sample, SimClock
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.metrics import Outcome, summarize
 from orchestrator.sim.traces import Trace
-from orchestrator.sim.world import DONE, PENDING, World, at
+from orchestrator.sim.world import DONE, PENDING, Backfill, World, at
 from orchestrator.wiring import Settings, build_provider
 
 BASELINES = ("never", "greedy", "threshold", "clairvoyant")
@@ -64,6 +64,7 @@ class SimOptions:
     onprem: str = "p70"  # "N" GPUs, "pNN" (percentile of concurrent demand) or "policy"
     node_gpus: int | None = None  # GPUs per on-prem node (default: the policy's)
     threshold: int = DEFAULT_THRESHOLD
+    backfill: Backfill = Backfill.EASY  # the on-prem scheduler's rule (orchestrator.sim.world)
     # The sim provider's knobs, by field name (providers/sim.py BootTime and SimRates); empty:
     # its defaults (boot median 200 s; no capacity errors, no interruptions).
     boot: dict = field(default_factory=dict)
@@ -178,7 +179,8 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
     """Replay ``trace`` with ``controller`` deciding about burst nodes; the finished engine (its
     world, store and provider hold everything that happened)."""
     provider = _provider(policy, options, SimClock())
-    world = World(sim_policy, trace.jobs, sizing.nodes, sizing.gpus_per_node, SimStore())
+    world = World(sim_policy, trace.jobs, sizing.nodes, sizing.gpus_per_node, SimStore(),
+                  backfill=options.backfill)
     sample_s = max(trace.span_s / max(options.chart_points, 1), 60.0)
     engine = Engine(world, provider, sim_policy, controller, tick_s=options.tick_s,
                     sample_s=sample_s, progress=progress)
@@ -356,7 +358,8 @@ def _header(trace: Trace, sizing: OnPremSizing, options: SimOptions) -> dict:
                   "gpu_hours": round(trace.gpu_hours, 3), "span_s": round(trace.span_s, 1),
                   "max_job_gpus": max(j.gpus for j in trace.jobs)},
         "onprem": {"nodes": sizing.nodes, "gpus_per_node": sizing.gpus_per_node,
-                   "gpus": sizing.gpus, "sizing": sizing.how},
+                   "gpus": sizing.gpus, "sizing": sizing.how,
+                   "backfill": str(Backfill(options.backfill))},
         "seed": options.seed,
         "slo_s": round(options.slo_s, 1),
         "tick_s": round(options.tick_s, 1),

@@ -1,15 +1,25 @@
 """The simulated cluster: jobs, the on-prem pool and its scheduler, and the burst nodes' fabric.
 
-Scheduling is the built-in queue's (:mod:`orchestrator.sources.builtin`): priority then FIFO with
-backfill. Jobs are taken in the planner's scheduling order (project priority, job priority, submit
-time; :func:`orchestrator.planner.demand.scheduling_order`), a job that does not fit is skipped
-rather than blocking smaller ones, on-prem is always offered work first, and pending jobs that do
-not fit on-prem run on ready burst nodes (a draining node takes no new work). Multi-GPU jobs need
-GPUs of one node; jobs wider than a node need whole nodes (:mod:`orchestrator.sim.pool`).
+Scheduling is priority then FIFO with backfill. Jobs are taken in the planner's scheduling order
+(project priority, job priority, submit time; :func:`orchestrator.planner.demand.scheduling_order`),
+on-prem is always offered work first, and pending jobs that do not fit on-prem run on ready burst
+nodes (a draining node takes no new work). Multi-GPU jobs need GPUs of one node; jobs wider than a
+node need whole nodes (:mod:`orchestrator.sim.pool`). How a job that does not fit on-prem affects
+the jobs behind it is the on-prem pool's :class:`Backfill` rule:
 
-Doing that scan job by job would cost O(queue) per event. Because whether a job fits depends only
-on its width, the first job (in scheduling order) that fits is the best head of the per-width
-queues whose width fits; repeating that gives exactly the scan's result, in O(widths) per start.
+* ``easy`` (the default; what Slurm's backfill scheduler does for its top job): the first job in
+  order that does not fit holds a *reservation*: the nodes that free up for it first (by the
+  running jobs' time limits, here their trace durations) and the time ``S`` they are all free. A
+  job behind it may start now only if it ends by ``S`` or uses none of the reserved nodes, so
+  small jobs cannot overtake a wide job indefinitely.
+* ``first-fit`` (the built-in queue's rule, :mod:`orchestrator.sources.builtin`): a job that does
+  not fit is skipped and never delays smaller ones.
+
+Burst nodes are always filled ``first-fit``. Doing either scan job by job would cost O(queue) per
+event. Whether a job can start depends only on its width (and, under a reservation, on whether it
+ends by ``S``), so the scan looks only at the first pending job of each width: the best such head
+that can start is started, and that repeats, in O(widths) per start. Under a reservation this is
+slightly stricter than a full scan: a job is not considered while an older job of its width waits.
 
 The world is also the burst nodes' :class:`~orchestrator.domain.ports.Fabric`: a drain stops new
 work and releases the node once it runs nothing; a node that is gone hands its jobs back to the
@@ -19,8 +29,10 @@ queue (they restart from the beginning: the simulator assumes no checkpoint).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
@@ -34,6 +46,13 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # virtual time zero
 DEFAULT_PROJECT = "default"
 
 PENDING, RUNNING, DONE = 0, 1, 2
+
+
+class Backfill(StrEnum):
+    """How the on-prem scheduler lets jobs start past one that does not fit (module docstring)."""
+
+    EASY = "easy"
+    FIRST_FIT = "first-fit"
 
 
 def at(seconds: float) -> datetime:
@@ -78,8 +97,9 @@ class World:
     name = "sim"
 
     def __init__(self, policy: Policy, trace: tuple[TraceJob, ...], onprem_nodes: int,
-                 gpus_per_node: int, store: SimStore):
+                 gpus_per_node: int, store: SimStore, backfill: Backfill = Backfill.EASY):
         self.policy = policy
+        self.backfill = Backfill(backfill)
         self.pool_name = policy.pool.name
         self.store = store
         self.onprem = GpuPool.uniform(onprem_nodes, gpus_per_node)
@@ -108,6 +128,9 @@ class World:
         self.running_onprem = 0
         self.running_burst = 0
         self.onprem_running: dict[int, SimJob] = {}  # jobs running on-prem, by index
+        # On-prem node -> {job index: (expected end, GPUs used)}: what the reservation reads.
+        self._node_runs: dict[int, dict[int, tuple[float, int]]] = {
+            index: {} for index in self.onprem.size}
         self.finished = 0
         self.started: list[SimJob] = []  # filled by dispatch; the engine schedules their ends
         self._free_cache: tuple[int, tuple[int, ...]] = (-1, ())
@@ -148,7 +171,10 @@ class World:
         started: list[SimJob] = []
         if self.pending:
             if self.onprem.free_total:
-                self._fill(self.onprem, self._all, "onprem", now, started)
+                if self.backfill is Backfill.EASY:
+                    self._fill_reserving(now, started)
+                else:
+                    self._fill(self.onprem, self._all, "onprem", now, started)
             if self.burst.free_total and self._burst_q:
                 self._fill(self.burst, self._burst_q, "burst", now, started)
         return started
@@ -169,6 +195,79 @@ class World:
             self._start(job, pool.place(job.gpus), where, now)
             started.append(job)
 
+    def _fill_reserving(self, now: float, started: list[SimJob]) -> None:
+        """Fill on-prem under the ``easy`` rule (module docstring)."""
+        pool = self.onprem
+        queues = self._all
+        blocked = None  # the first job in order that does not fit: (its key, S, reserved nodes)
+        while pool.free_total:
+            heads = []
+            for heap in queues.values():
+                while heap and (heap[0][2].state != PENDING or heap[0][1] != heap[0][2].attempt):
+                    heapq.heappop(heap)
+                if heap:
+                    heads.append(heap[0])
+            if not heads:
+                return
+            if blocked is None:
+                first = min(heads)
+                job = first[2]
+                alloc = pool.place(job.gpus)
+                if alloc is not None:
+                    heapq.heappop(queues[job.gpus])
+                    self._start(job, alloc, "onprem", now)
+                    started.append(job)
+                    continue
+                blocked = (first[0], *self._reservation(job, now))
+            key, until, reserved = blocked
+            best = None
+            for entry in heads:
+                job = entry[2]
+                if (entry[0] == key or job.gpus > pool.free_total
+                        or (best is not None and entry[0] >= best[0][0])):
+                    continue
+                ends_in_time = now + job.trace.duration_s <= until
+                alloc = pool.find(job.gpus, frozenset() if ends_in_time else reserved)
+                if alloc is not None:
+                    best = (entry, alloc)
+            if best is None:
+                return
+            entry, alloc = best
+            job = entry[2]
+            heapq.heappop(queues[job.gpus])
+            pool.take(alloc)
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+
+    def _reservation(self, job: SimJob, now: float) -> tuple[float, frozenset[int]]:
+        """When and on which on-prem nodes ``job`` (which does not fit now) can start, from the
+        running jobs' expected ends: (S, nodes); (inf, no nodes) if it can never fit on-prem."""
+        pool = self.onprem
+        runs = self._node_runs
+        if job.gpus > pool.max_size:
+            frees = sorted((max((end for end, _ in runs[i].values()), default=now), i)
+                           for i in pool.size)
+            chosen: list[int] = []
+            covered = 0
+            for until, index in frees:
+                chosen.append(index)
+                covered += pool.size[index]
+                if covered >= job.gpus:
+                    return until, frozenset(chosen)
+            return math.inf, frozenset()
+        best = (math.inf, -1)
+        for index, on_node in runs.items():
+            free = pool.free[index]
+            if pool.size[index] < job.gpus:
+                continue
+            for end, used in sorted(on_node.values()):
+                free += used
+                if free >= job.gpus:
+                    if (end, index) < best:
+                        best = (end, index)
+                    break
+        return (best[0], frozenset((best[1],))) if best[1] >= 0 else (math.inf, frozenset())
+
     def _start(self, job: SimJob, alloc: Allocation, where: str, now: float) -> None:
         job.state = RUNNING
         job.wait_s += now - job.pending_since
@@ -181,7 +280,10 @@ class World:
         if where == "onprem":
             self.running_onprem += 1
             self.onprem_running[job.index] = job
-            self._releases[job.index] = OnPremRelease(job.gpus, at(now + job.trace.duration_s))
+            end = now + job.trace.duration_s
+            self._releases[job.index] = OnPremRelease(job.gpus, at(end))
+            for index, used in alloc:
+                self._node_runs[index][job.index] = (end, used)
             return
         self.running_burst += 1
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
@@ -205,6 +307,8 @@ class World:
             self.running_onprem -= 1
             del self.onprem_running[job.index]
             self._releases.pop(job.index, None)
+            for index, _ in job.alloc:
+                self._node_runs[index].pop(job.index, None)
             self.onprem.release(job.alloc)
             self.onprem_gpu_s += job.gpus * runtime
         else:

@@ -5,7 +5,7 @@ never's nothing."""
 from __future__ import annotations
 
 from orchestrator.domain.nodes import NodeState
-from orchestrator.sim.clairvoyant import clairvoyant
+from orchestrator.sim.clairvoyant import clairvoyant, clairvoyant_on_nodes
 from orchestrator.sim.controllers import GreedyController, NeverController, ThresholdController
 from orchestrator.sim.replay import simulate
 from orchestrator.sim.world import seconds
@@ -87,6 +87,18 @@ def test_clairvoyant_keeps_a_job_on_prem_exactly_when_its_start_is_within_the_sl
     placements = clairvoyant(CLAIRVOYANT_JOBS.jobs, onprem_gpus=4, slo_s=1800)
     assert [(p.cloud, p.wait_s) for p in placements] == [
         (False, 0), (True, 0), (False, 600), (False, 1200), (False, 1200), (False, 1800), (True, 0)]
+
+
+def test_clairvoyant_on_nodes_respects_the_nodes_the_pooled_reference_ignores():
+    jobs = trace(("a", 0, 600, 3), ("b", 0, 600, 3), ("c", 0, 600, 2), ("wide", 60, 600, 8),
+                 ("d", 1200, 600, 8)).jobs
+    pooled = clairvoyant(jobs, onprem_gpus=8, slo_s=300)
+    on_nodes = clairvoyant_on_nodes(jobs, nodes=2, gpus_per_node=4, slo_s=300)
+    # c: 2 GPUs are free in all, but one per node; wide needs both nodes whole, free only at 600.
+    assert [p.cloud for p in pooled] == [False, False, False, True, False]
+    assert [(p.cloud, p.wait_s) for p in on_nodes] == [
+        (False, 0), (False, 0), (True, 0), (True, 0), (False, 0)]
+    assert clairvoyant_on_nodes(jobs, nodes=1, gpus_per_node=4, slo_s=600)[3].cloud  # too wide
 
 
 def test_clairvoyant_bills_cloud_jobs_per_gpu_second_at_the_cheapest_per_gpu_price():

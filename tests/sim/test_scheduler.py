@@ -10,13 +10,14 @@ from orchestrator.planner.demand import scheduling_order
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import GpuPool
 from orchestrator.sim.traces import TraceJob
-from orchestrator.sim.world import World
+from orchestrator.sim.world import Backfill, World
 from tests.sim.helpers import sim_policy
 
 
-def world_of(jobs: list[tuple], nodes: int = 1, per_node: int = 8, policy=None) -> World:
+def world_of(jobs: list[tuple], nodes: int = 1, per_node: int = 8, policy=None,
+             backfill: Backfill = Backfill.EASY) -> World:
     trace = tuple(TraceJob(*j) for j in jobs)
-    return World(policy or sim_policy(), trace, nodes, per_node, SimStore())
+    return World(policy or sim_policy(), trace, nodes, per_node, SimStore(), backfill=backfill)
 
 
 def arrive_all(world: World, now: float) -> None:
@@ -115,3 +116,45 @@ def test_dispatch_starts_exactly_what_a_backfill_scan_in_scheduling_order_starts
     world = world_of(jobs, nodes=nodes, per_node=per_node, policy=policy)
     arrive_all(world, 10)
     assert started_ids(world.dispatch(10)) == naive_backfill(world, policy)
+
+
+def test_easy_backfill_keeps_a_wide_job_from_being_overtaken_forever():
+    # Two 4-GPU nodes. "wide" (8 GPUs) needs both; a stream of long 1-GPU jobs keeps one node
+    # busy under first-fit, so wide never starts. Under easy it reserves the nodes that free
+    # first, and long jobs behind it may not use them.
+    jobs = [("a", 0, 100, 4), ("wide", 1, 100, 8)] + [(f"s{k}", 2 + k, 1000, 1) for k in range(3)]
+    for rule, wide_starts in ((Backfill.FIRST_FIT, False), (Backfill.EASY, True)):
+        world = world_of(jobs, nodes=2, per_node=4, backfill=rule)
+        arrive_all(world, 5)
+        first = started_ids(world.dispatch(5))
+        world.finish(world.jobs[0], 0, 105)
+        later = started_ids(world.dispatch(105))
+        if wide_starts:
+            assert first == ["a"]  # the small jobs would outlive a's end (105): held back
+            assert later == ["wide"]
+        else:
+            assert first == ["a", "s0", "s1", "s2"]
+            assert later == []
+
+
+def test_easy_backfill_lets_a_job_that_ends_in_time_use_the_reserved_nodes():
+    jobs = [("a", 0, 100, 4), ("wide", 1, 100, 8), ("short", 2, 50, 2), ("long", 3, 500, 2)]
+    world = world_of(jobs, nodes=2, per_node=4, backfill=Backfill.EASY)
+    arrive_all(world, 3)
+    assert started_ids(world.dispatch(3)) == ["a", "short"]  # short ends (53) before a (103)
+    assert world.jobs[3].state == 0  # long would delay wide: it waits
+
+
+def test_a_job_wider_than_the_pool_reserves_nothing():
+    jobs = [("a", 0, 100, 4), ("huge", 1, 100, 64), ("long", 2, 500, 2)]
+    world = world_of(jobs, nodes=2, per_node=4, backfill=Backfill.EASY)
+    arrive_all(world, 2)
+    assert started_ids(world.dispatch(2)) == ["a", "long"]  # huge never fits on-prem
+
+
+def test_pool_find_skips_avoided_nodes_and_changes_nothing():
+    pool = GpuPool.uniform(3, 8)
+    assert pool.find(2, frozenset({0})) == ((1, 2),)
+    assert pool.find(16, frozenset({1})) == ((0, 8), (2, 8))
+    assert pool.find(24, frozenset({1})) is None
+    assert pool.free_total == 24
