@@ -45,7 +45,10 @@ def demo_policy(policy: Policy) -> Policy:
     """The policy with its timings shortened to demo scale (seconds instead of minutes)."""
     s = timedelta(seconds=1)
     return policy.model_copy(update={
-        "trigger": policy.trigger.model_copy(update={"sustained_for": 2 * s, "oldest_wait_above": 3 * s}),
+        "trigger": policy.trigger.model_copy(update={
+            "sustained_for": 2 * s, "oldest_wait_above": 3 * s,
+            "wait_slo": 6 * s if policy.trigger.wait_slo is not None else None,
+            "expected_boot": 3 * s}),
         "scale_down": policy.scale_down.model_copy(update={"idle_for": 4 * s, "drain_grace": 30 * s}),
         "cooldowns": policy.cooldowns.model_copy(update={"scale_up": 2 * s, "scale_down": 4 * s}),
         "timeouts": policy.timeouts.model_copy(update={
@@ -101,8 +104,9 @@ def run_demo(policy: Policy, *, on_tick: Callable[[Runtime, TickReport], None] |
     runtime = build_runtime(settings, [policy])
     server = ApiServer(create_app(runtime), "127.0.0.1", 0)
     summary = DemoSummary(policy=policy.name, timings={
-        "tick": "1s", "boot": "3s", "trigger.sustained_for": "2s", "scale_down.idle_for": "4s",
-        "cooldowns": "2s up / 4s down"})
+        "tick": "1s", "boot": "3s", "trigger.sustained_for": "2s",
+        **({"trigger.wait_slo": "6s"} if policy.trigger.wait_slo is not None else {}),
+        "scale_down.idle_for": "4s", "cooldowns": "2s up / 4s down"})
     started = time.monotonic()
     stop = threading.Event()
     loop_thread: threading.Thread | None = None

@@ -121,7 +121,8 @@ class Trigger(PolicyModel):
     )
     wait_slo: Duration | None = Field(
         default=None,
-        description="Opt-in wait-aware scale-up: the queue-wait target of a pending job. When set, "
+        description="Wait-aware scale-up (the shipped default policy sets 30m): the queue-wait "
+        "target of a pending job. When set, "
         "the planner predicts each unmet job's on-prem start from the running on-prem jobs' "
         "expected ends (in scheduling order); a job predicted to start on-prem by submit + "
         "wait_slo - expected_boot stays queued for on-prem, and any other job is burst only once "

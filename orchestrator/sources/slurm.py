@@ -33,11 +33,11 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orchestrator.domain.jobs import Job, JobState
-from orchestrator.domain.snapshot import OnPremState, PoolQueue
+from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.policy.models import Policy, QueueSourceKind
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.sources.slurm_cli import (
@@ -233,22 +233,47 @@ def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode
         free_per_node=tuple(n.gpus_free for n in usable),
     )
     onprem_names = {n.name for n in onprem}
+    usable_names = {n.name for n in usable}
     running_onprem = running_burst = 0
+    releases: list[OnPremRelease] = []
     for job in jobs:
         if job.get("job_state") not in LIVE_JOB_STATES or not in_partition(job, partition):
             continue
-        hosts = set(expand_hostlist(job.get("nodes") or ""))
+        hostlist = expand_hostlist(job.get("nodes") or "")
+        hosts = set(hostlist)
         if hosts & burst_names:
             running_burst += 1
         elif hosts & onprem_names:
             running_onprem += 1
+            release = onprem_release(job, hostlist, usable_names)
+            if release is not None:
+                releases.append(release)
     return PoolQueue(
         pool=policy.pool.name,
         onprem=onprem_state,
         pending=tuple(pending_jobs(jobs, policy.pool.name, partition)),
         running_onprem_jobs=running_onprem,
         running_burst_jobs=running_burst,
+        onprem_releases=tuple(releases),
     )
+
+
+def onprem_release(job: dict[str, Any], hosts: list[str], usable: set[str]) -> OnPremRelease | None:
+    """When a running job's GPUs on usable on-prem nodes free up: Slurm's ``end_time`` of a
+    running job is its start plus its time limit (the latest it may end; the wait-aware rule
+    reads it as the expected end). None for a job without a limit or without GPUs there."""
+    gpus = sum(gpus_on_node(job, index) for index, host in enumerate(hosts) if host in usable)
+    if gpus <= 0:
+        return None
+    limit = job.get("time_limit")
+    if not (isinstance(limit, int) and 0 < limit < INFINITE_MINUTES):
+        return None  # no limit: it may hold its GPUs for as long as the rule looks ahead
+    start, ends = _epoch(job.get("start_time")), _epoch(job.get("end_time"))
+    if ends is None or (start is not None and ends <= start):
+        if start is None:
+            return None
+        ends = start + timedelta(minutes=limit)
+    return OnPremRelease(gpus, ends)
 
 
 class SlurmQueue:
