@@ -16,6 +16,7 @@ optimality: a smarter choice of which jobs to keep could do better still.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,24 +48,34 @@ def clairvoyant(jobs: tuple[TraceJob, ...], onprem_gpus: int, slo_s: float,
         if room < 0:
             placements.append(Placement(True, 0.0))  # wider than the whole pool
             continue
-        first = int(job.submit_s // res)
-        last = int((job.submit_s + slo_s) // res)
-        slot = first
-        placed = False
-        while slot <= last:
-            start = job.submit_s if slot == first else slot * res
-            stop = int(math.ceil((start + max(job.duration_s, 1e-9)) / res))
+
+        def try_at(slot: int, stop: int, job: TraceJob = job, room: int = room) -> int | None:
             window = used[slot:stop]
             over = np.flatnonzero(window > room)
             if over.size == 0:
                 window += job.gpus
-                placements.append(Placement(False, start - job.submit_s))
-                placed = True
-                break
-            slot += int(over[-1]) + 1
-        if not placed:
-            placements.append(Placement(True, 0.0))
+                return None
+            return int(over[-1]) + 1  # the job can start no earlier than after the last overrun
+
+        placements.append(_earliest(job, slo_s, res, try_at))
     return placements
+
+
+def _earliest(job: TraceJob, slo_s: float, res: float,
+              try_at: Callable[[int, int], int | None]) -> Placement:
+    """Walk the grid slots from the job's submit time to its SLO: ``try_at(slot, stop)`` books
+    the job over ``[slot, stop)`` and returns None, or says how many slots on to look next."""
+    first = int(job.submit_s // res)
+    last = int((job.submit_s + slo_s) // res)
+    slot = first
+    while slot <= last:
+        start = job.submit_s if slot == first else slot * res
+        stop = int(math.ceil((start + max(job.duration_s, 1e-9)) / res))
+        skip = try_at(slot, stop)
+        if skip is None:
+            return Placement(False, start - job.submit_s)
+        slot += skip
+    return Placement(True, 0.0)
 
 
 def clairvoyant_on_nodes(jobs: tuple[TraceJob, ...], nodes: int, gpus_per_node: int, slo_s: float,
@@ -86,13 +97,8 @@ def clairvoyant_on_nodes(jobs: tuple[TraceJob, ...], nodes: int, gpus_per_node: 
         if need > nodes:
             placements.append(Placement(True, 0.0))
             continue
-        first = int(job.submit_s // res)
-        last = int((job.submit_s + slo_s) // res)
-        slot = first
-        placed = False
-        while slot <= last:
-            start = job.submit_s if slot == first else slot * res
-            stop = int(math.ceil((start + max(job.duration_s, 1e-9)) / res))
+        def try_at(slot: int, stop: int, job: TraceJob = job, wide: bool = wide,
+                   need: int = need) -> int | None:
             window = used[:, slot:stop]
             short = window != 0 if wide else window > gpus_per_node - job.gpus
             blocked = short.any(axis=1)
@@ -103,14 +109,11 @@ def clairvoyant_on_nodes(jobs: tuple[TraceJob, ...], nodes: int, gpus_per_node: 
                 else:
                     node = free[np.argmax(used[free, slot])]
                     used[node, slot:stop] += job.gpus
-                placements.append(Placement(False, start - job.submit_s))
-                placed = True
-                break
+                return None
             # Each node can next take the job just after its last shortfall in this window; the
             # job needs ``need`` of them.
-            width = short.shape[1]
-            after = np.where(blocked, width - np.argmax(short[:, ::-1], axis=1), 0)
-            slot += int(np.partition(after, need - 1)[need - 1])
-        if not placed:
-            placements.append(Placement(True, 0.0))
+            after = np.where(blocked, short.shape[1] - np.argmax(short[:, ::-1], axis=1), 0)
+            return int(np.partition(after, need - 1)[need - 1])
+
+        placements.append(_earliest(job, slo_s, res, try_at))
     return placements
