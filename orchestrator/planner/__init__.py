@@ -18,14 +18,15 @@ and which limits and budgets held launches back.
 
 Speed (the simulator plans at every virtual minute; ``docs/performance.md``): the nodes are
 walked once per tick (:mod:`.census`); the policy's candidates, and what pricing no demand gives,
-come from a pure memo (:func:`.offerings.resolved`); the room under the pool limits is worked out
-only by the branches that may launch. None of it changes a decision: a tick that decides nothing
+come from a pure memo (:func:`.offerings.resolved`); so does the scheduling order of a pending
+tuple seen before (:func:`.demand.ordered`), and absorption tallies the unmet jobs from the queue's
+columns for the record and the pricing; the room under the pool limits is worked out only by the
+branches that may launch. None of it changes a decision: a tick that decides nothing
 records what it always recorded (``tests/unit/test_planner_speed.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Iterable
@@ -110,8 +111,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     split: WaitSplit | None = None
     if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
         split = split_unmet(demand.unmet, demand.onprem_absorbed, queue, policy, now)
-        demand = dataclasses.replace(demand, unmet=split.due,
-                                     unmet_gpus=sum(map(_GPUS, split.due)))
+        demand = demand.without_tallies(split.due)
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
@@ -146,7 +146,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     launches: list[Launch] = []
     # Priced alternatives are recorded whenever there is demand, even when nothing launches, so
     # "why did it not burst" can be answered with the money involved.
-    ranked = _rank(candidates, options, demand.unmet, resolved_) if candidates else []
+    ranked = _rank(candidates, options, demand, resolved_) if candidates else []
     # The room under the pool limits is worked out only by the branches that may launch (most
     # ticks launch nothing); None: no usable offering, or not needed yet.
     budget: Budget | None = None
@@ -275,7 +275,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
 
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     trigger = policy.trigger
-    gpus = demand.pending_gpus - sum(map(_GPUS, demand.onprem_absorbed))
+    gpus = demand.pending_gpus - _absorbed_onprem_gpus(demand)
     wait = demand.oldest_wait_s(now)
     by_gpus = gpus > trigger.pending_gpus_above
     by_wait = bool(demand.beyond_onprem) and wait > trigger.oldest_wait_above.total_seconds()
@@ -286,12 +286,19 @@ def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     return fired, text
 
 
-def _rank(candidates: list[Candidate], options: list[OfferingOption], unmet: tuple,
+def _absorbed_onprem_gpus(demand: Demand) -> int:
+    if demand.onprem_absorbed_gpus is not None:
+        return demand.onprem_absorbed_gpus
+    return sum(map(_GPUS, demand.onprem_absorbed))
+
+
+def _rank(candidates: list[Candidate], options: list[OfferingOption], demand: Demand,
           resolved_: Resolved) -> list[Candidate]:
-    if not unmet:  # nothing to pack: every option at 0 nodes, ranked by hourly price (memoized)
+    if not demand.unmet:  # nothing to pack: every option at 0 nodes, ranked by hourly price (memoized)
         options.extend(resolved_.idle_options)
         return list(resolved_.by_price)
-    priced = price_options(unmet, candidates)
+    priced = price_options(demand.unmet, candidates, widths=demand.unmet_widths,
+                           hours=demand.unmet_hours)
     options.extend(priced)
     order = {o.offering_key: i for i, o in enumerate(priced)}
     return sorted(candidates, key=lambda c: order[c.key])
@@ -446,16 +453,23 @@ def _budget_drains(policy: Policy, books: BudgetBook, nodes: list[Node], actions
 
 
 def _projects(demand: Demand) -> str:
+    if demand.unmet_by_project is not None:  # tallied already: its keys are the unmet projects
+        return ", ".join(sorted(demand.unmet_by_project))
     return ", ".join(sorted({j.project for j in demand.unmet}))
 
 
 def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyond: tuple,
             now: datetime, trigger_text: str, held_for: float) -> dict:
+    burst_gpus = (demand.burst_absorbed_gpus if demand.burst_absorbed_gpus is not None
+                  else sum(map(_GPUS, demand.burst_absorbed)))
     per_project: dict[str, int] = {}
     # Counted by (project, width) in C first: 100k unmet jobs fall into a few dozen pairs, which
-    # come in the order of the jobs, so projects keep the order of their first unmet job.
+    # come in the order of the jobs, so projects keep the order of their first unmet job. (Absorb
+    # tallies them from the queue's columns; after the wait-aware split, counted here.)
     unmet = demand.unmet
-    if unmet:
+    if demand.unmet_by_project is not None:
+        per_project = dict(demand.unmet_by_project)
+    elif unmet:
         pairs = Counter(zip(map(_PROJECT, unmet), map(_GPUS, unmet)))
         for (project, gpus), count in pairs.items():
             per_project[project] = per_project.get(project, 0) + gpus * count
@@ -464,10 +478,10 @@ def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyon
         "pending_jobs": len(demand.ordered),
         "pending_gpus": demand.pending_gpus,
         # (beyond on-prem = absorbed on burst nodes + unmet, whose GPUs are summed already)
-        "pending_gpus_beyond_onprem": sum(map(_GPUS, demand.burst_absorbed)) + demand.unmet_gpus,
+        "pending_gpus_beyond_onprem": burst_gpus + demand.unmet_gpus,
         "oldest_wait_s": round(demand.oldest_wait_s(now), 1),
-        "absorbed_onprem_gpus": sum(map(_GPUS, demand.onprem_absorbed)),
-        "absorbed_burst_gpus": sum(map(_GPUS, demand.burst_absorbed)),
+        "absorbed_onprem_gpus": _absorbed_onprem_gpus(demand),
+        "absorbed_burst_gpus": burst_gpus,
         "unmet_gpus": demand.unmet_gpus,
         "unmet_gpus_by_project": per_project,
         "trigger": trigger_text,

@@ -111,10 +111,16 @@ def pool_budget(policy: Policy, nodes: list[Node], candidates: list[Candidate]) 
     )
 
 
-def price_options(unmet: tuple[Job, ...], candidates: list[Candidate]) -> list[OfferingOption]:
-    """Each candidate's node count and expected cost for all unmet demand, cheapest first."""
-    widths = Counter(map(_GPUS, unmet))
-    hours = expected_hours(list(map(_DURATION, unmet)))
+def price_options(unmet: tuple[Job, ...], candidates: list[Candidate],
+                  widths: Counter[int] | None = None, hours: float | None = None
+                  ) -> list[OfferingOption]:
+    """Each candidate's node count and expected cost for all unmet demand, cheapest first.
+    ``widths`` and ``hours``: the unmet jobs' width histogram and expected hours, when the caller
+    tallied them already (:class:`~orchestrator.planner.demand.Demand`); else counted here."""
+    if widths is None:
+        widths = Counter(map(_GPUS, unmet))
+    if hours is None:
+        hours = expected_hours(list(map(_DURATION, unmet)))
     options = []
     for c in candidates:
         n = nodes_needed(widths, c.offering.gpus)
