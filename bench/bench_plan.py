@@ -1,13 +1,15 @@
 """Benchmark: plan() time on large snapshots. Prints figures; not a test.
 
-    python bench/bench_plan.py [--repeat 7]
+    python bench/bench_plan.py [--repeat 7] [--wait-slo 30m]
 
 Scenarios grow to 100k pending jobs, 10k burst nodes and 500 offerings (the simulator's target
-size). Each snapshot is planned ``--repeat`` times as it is (``median ms``: what a tick over an
-unchanged queue costs, the order of its pending tuple memoized, as the simulator hands the same
-tuple while its queue does not change) and as many times with that memo cleared first (``cold
-ms``: a queue seen for the first time). Jobs have realistic widths (1/2/4/8 GPUs, mostly small), 20 projects, a spread of submit
-times; nodes are spread over the lifecycle states; offerings are distinct instance types.
+size). Each snapshot is planned ``--repeat`` times with the order memo cleared first (``cold ms``:
+a queue seen for the first time, as a production tick sees a freshly observed queue; this is the
+figure to compare with the 50 ms target) and as many times as it is (``warm ms``: a tick over an
+unchanged queue, the order of its pending tuple memoized, as the simulator hands the same tuple
+while its queue does not change). Jobs have realistic widths (1/2/4/8 GPUs, mostly small), 20
+projects, a spread of submit times; nodes are spread over the lifecycle states; offerings are
+distinct instance types.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from orchestrator.policy import Market, load_policy_text
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 
 
-def make_policy(offerings: int) -> object:
+def make_policy(offerings: int, wait_slo: str | None = None) -> object:
     specs = [{"provider": "sim", "region": "r", "zone": "z", "instance_type": f"t{i}",
               "market": "spot" if i % 2 else "on-demand", "gpus": [1, 2, 4, 8][i % 4],
               "price_usd_hour": round(1.0 + i * 0.37 % 30, 2)} for i in range(offerings)]
     doc = {"version": 1, "name": "bench", "pool": {"name": "gpu", "onprem": {"nodes": 500, "gpus_per_node": 8}},
-           "trigger": {"sustained_for": "0s"}, "offerings": specs,
+           "trigger": {"sustained_for": "0s", **({"wait_slo": wait_slo} if wait_slo else {})},
+           "offerings": specs,
            "limits": {"max_nodes": 20000, "max_concurrent_launches": 200},
            "projects": [{"name": f"p{i}", "priority": i % 3, "max_burst_gpus": 4000} for i in range(20)]}
     return load_policy_text(yaml.safe_dump(doc), "bench")
@@ -57,12 +60,14 @@ def make_snapshot(jobs: int, nodes: int, rng: random.Random) -> Snapshot:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--wait-slo", default=None,
+                        help="set trigger.wait_slo (e.g. 30m), as the shipped default does")
     args = parser.parse_args()
     rng = random.Random(42)
-    print(f"{'pending jobs':>12} {'nodes':>6} {'offerings':>9} {'median ms':>10} {'min ms':>8} "
-          f"{'cold ms':>8}  actions")
+    print(f"{'pending jobs':>12} {'nodes':>6} {'offerings':>9} {'cold ms':>8} {'cold min':>8} "
+          f"{'warm ms':>8}  actions")
     for jobs, nodes, offerings in [(1_000, 100, 10), (10_000, 1_000, 50), (100_000, 10_000, 500)]:
-        policy = make_policy(offerings)
+        policy = make_policy(offerings, args.wait_slo)
         snapshot = make_snapshot(jobs, nodes, rng)
         times, cold = [], []
         for _ in range(args.repeat):
@@ -74,8 +79,8 @@ def main() -> None:
             began = time.perf_counter()
             plan(snapshot, [policy], NOW)
             cold.append((time.perf_counter() - began) * 1000)
-        print(f"{jobs:>12} {nodes:>6} {offerings:>9} {statistics.median(times):>10.1f} {min(times):>8.1f} "
-              f"{statistics.median(cold):>8.1f}  {len(result.actions)} ({result.decisions[0].rule})")
+        print(f"{jobs:>12} {nodes:>6} {offerings:>9} {statistics.median(cold):>8.1f} {min(cold):>8.1f} "
+              f"{statistics.median(times):>8.1f}  {len(result.actions)} ({result.decisions[0].rule})")
 
 
 if __name__ == "__main__":

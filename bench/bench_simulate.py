@@ -1,7 +1,7 @@
 """Benchmark: the simulator's replay speed and the policy-quality comparison. Prints figures; not
 a test.
 
-    python bench/bench_simulate.py                 # the full ITP trace (69,351 jobs), ~4 minutes
+    python bench/bench_simulate.py                 # the full ITP trace (69,351 jobs), ~2 minutes
     python bench/bench_simulate.py --days 10       # the first 10 days only, for a quick look
 
 Setting (docs/simulator.md, "Sizing"): the Microsoft ITP trace from ``$BURST_TRACE_DIR`` (default
@@ -11,12 +11,13 @@ started at submit) in whole 8-GPU nodes, a 30-minute queue-wait SLO, seed 0, tic
 On-prem scheduling: easy backfill (``--backfill first-fit`` for the built-in queue's rule).
 
 Runs: the shipped default policy as it is (``default``), the default with its limits sized for a
-cluster of that size (``bench/policies/itp-default.yaml``), the same with a wait-only trigger
-(``bench/policies/itp-wait.yaml``), the same with the planner's wait-aware rule
-(``bench/policies/itp-wait-aware.yaml``: ``trigger.wait_slo``), every baseline (never, greedy,
-threshold, clairvoyant), and ``wait-aware``: the prototype the planner's rule was built from
-(``bench/wait_aware.py``; not the production planner; ``--no-prototype`` skips it). Also printed, as
-a diagnostic: the clairvoyant's rule on the pool's whole nodes (``clairvoyant_on_nodes``).
+cluster of that size (``bench/policies/itp-default.yaml``; its trigger keeps the default's
+30-minute ``wait_slo``), the same without ``wait_slo`` (``bench/policies/itp-immediate.yaml``: all
+unmet demand is burst once the trigger fires), that with a wait-only trigger
+(``bench/policies/itp-wait.yaml``), and every baseline (never, greedy, threshold, clairvoyant).
+With ``--prototype``, also ``wait-aware``: the prototype the planner's rule was built from
+(``bench/wait_aware.py``; not the production planner). Also printed, as a diagnostic: the
+clairvoyant's rule on the pool's whole nodes (``clairvoyant_on_nodes``).
 
 Speed: wall time of each replay and the time spent inside ``plan()`` (target: the whole trace in
 at most 15 s). Quality, for each policy against the issue's targets: SLO attainment within one
@@ -38,8 +39,8 @@ from orchestrator.sim.world import Backfill
 
 HERE = Path(__file__).resolve().parent
 POLICIES = [("default", DEFAULT_POLICY_PATH), ("itp-default", HERE / "policies" / "itp-default.yaml"),
-            ("itp-wait", HERE / "policies" / "itp-wait.yaml"),
-            ("itp-wait-aware", HERE / "policies" / "itp-wait-aware.yaml")]
+            ("itp-immediate", HERE / "policies" / "itp-immediate.yaml"),
+            ("itp-wait", HERE / "policies" / "itp-wait.yaml")]
 
 
 def main() -> None:
@@ -49,9 +50,10 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=1800.0, help="wait SLO in seconds")
     parser.add_argument("--backfill", default="easy", choices=[b.value for b in Backfill],
                         help="the on-prem scheduler's backfill rule")
-    parser.add_argument("--no-prototype", action="store_true", help="skip the wait-aware prototype")
+    parser.add_argument("--prototype", action="store_true",
+                        help="also run the wait-aware prototype (bench/wait_aware.py)")
     parser.add_argument("--policy", action="append", default=None,
-                        help="NAME=FILE to run instead of the three default policies (repeatable)")
+                        help="NAME=FILE to run instead of the four default policies (repeatable)")
     args = parser.parse_args()
 
     began = time.perf_counter()
@@ -69,7 +71,7 @@ def main() -> None:
     result = simulate(trace, policies, baselines=True, options=options)
     total_s = time.perf_counter() - began
     data = result.data
-    if not args.no_prototype:
+    if args.prototype:
         import sys
 
         sys.path.insert(0, str(HERE))
