@@ -477,8 +477,9 @@ def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyon
         "queue_observed": observed,
         "pending_jobs": len(demand.ordered),
         "pending_gpus": demand.pending_gpus,
-        # (beyond on-prem = absorbed on burst nodes + unmet, whose GPUs are summed already)
-        "pending_gpus_beyond_onprem": burst_gpus + demand.unmet_gpus,
+        # Beyond on-prem = all pending less what on-prem absorbs, as the trigger counts it (the
+        # wait-aware split narrows ``unmet`` to the due jobs, not what is beyond on-prem).
+        "pending_gpus_beyond_onprem": demand.pending_gpus - _absorbed_onprem_gpus(demand),
         "oldest_wait_s": round(demand.oldest_wait_s(now), 1),
         "absorbed_onprem_gpus": _absorbed_onprem_gpus(demand),
         "absorbed_burst_gpus": burst_gpus,

@@ -32,7 +32,13 @@ def test_plan_json_launches_for_the_example_spike():
     assert decision["rule"] == "scale-up"
     assert decision["chosen"] == launches[0]["offering"]["provider"] + "/local/local-a/local.4gpu/spot"
     assert {o["offering_key"] for o in decision["options"]} >= {"local/local/local-a/local.8gpu/on-demand"}
-    assert decision["inputs"]["unmet_gpus"] == 12
+    # The default's wait_slo (30m, expected_boot 10m): train-llm-1 (8 GPUs, 40 min old) is due
+    # now; the two 2-GPU sweeps (15 min old) are late too but burst only from 03:04.
+    assert decision["inputs"]["pending_gpus_beyond_onprem"] == 12
+    assert decision["inputs"]["unmet_gpus"] == 8
+    wait = decision["inputs"]["wait_aware"]
+    assert (wait["due_jobs"], wait["waiting_jobs"]) == (1, 2)
+    assert wait["earliest_burst_deadline"] == "2026-11-30T03:04:00+00:00"
     # Planning is pure: the same snapshot gives the same plan, ids included.
     assert burst_json("plan", "--snapshot", str(SPIKE)) == plan
 
