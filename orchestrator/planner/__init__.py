@@ -5,8 +5,8 @@ It reads only its arguments: no store, no provider, no clock, no randomness. Ids
 tick twice yields the same actions and the executor's idempotency makes the repeat harmless.
 
 Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); absorption of pending
-jobs into on-prem and existing burst capacity (:mod:`.demand`); with the opt-in
-``trigger.wait_slo``, the wait-aware split of the unmet jobs into those due to burst now and those
+jobs into on-prem and existing burst capacity (:mod:`.demand`); with ``trigger.wait_slo`` (set in
+the shipped default), the wait-aware split of the unmet jobs into those due to burst now and those
 left to on-prem or to later (:mod:`.wait`); the trigger with its
 ``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`);
 then an operator's pre-warm floor (:func:`_prewarm`), which launches what the floor still lacks.
@@ -107,7 +107,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     memory = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
     demand = absorb(queue, nodes, policy, census)
-    # Opt-in wait-aware rule: only the unmet jobs due now may launch (the others stay queued).
+    # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
+    # stay queued).
     split: WaitSplit | None = None
     if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
         split = split_unmet(demand.unmet, demand.onprem_absorbed, queue, policy, now)

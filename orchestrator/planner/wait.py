@@ -1,4 +1,5 @@
-"""The wait-aware scale-up rule (opt-in with ``trigger.wait_slo``): which unmet jobs to burst now.
+"""The wait-aware scale-up rule (``trigger.wait_slo``, set in the shipped default): which unmet
+jobs to burst now.
 
 Without it every unmet job may be burst as soon as the trigger fires, so a job that on-prem would
 have started a few minutes later still goes to the cloud. With it, each unmet job's on-prem start

@@ -1,4 +1,4 @@
-"""The opt-in wait-aware scale-up rule (``trigger.wait_slo``, :mod:`orchestrator.planner.wait`).
+"""The wait-aware scale-up rule (``trigger.wait_slo``, :mod:`orchestrator.planner.wait`).
 
 * A job on-prem will start within the SLO (GPUs free up at a running job's expected end) is not
   burst; it is recorded as deferred to on-prem.
