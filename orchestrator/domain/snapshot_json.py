@@ -69,7 +69,19 @@ def load_snapshot_text(text: str, file: str = "<snapshot>") -> Snapshot:
     for name, moment in _times(snapshot):
         if moment.tzinfo is None:
             raise SnapshotError(f"{file}: {name}: times need a timezone (e.g. 2026-11-30T03:00:00Z)")
+    short = [f"{file}: {name}: must be at least 1, got {gpus}" for name, gpus in _gpu_counts(snapshot)
+             if gpus < 1]
+    if short:  # a job of no GPUs is no GPU demand; the planner's packing divides by widths
+        raise SnapshotError("\n".join(short))
     return snapshot
+
+
+def _gpu_counts(snapshot: Snapshot):
+    for pool, queue in snapshot.queues.items():
+        for i, job in enumerate(queue.pending):
+            yield f"queues.{pool}.pending.{i}.gpus", job.gpus
+        for i, release in enumerate(queue.onprem_releases):
+            yield f"queues.{pool}.onprem_releases.{i}.gpus", release.gpus
 
 
 def _times(snapshot: Snapshot):

@@ -112,7 +112,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     split: WaitSplit | None = None
     if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
         split = split_unmet(demand.unmet, demand.onprem_absorbed, queue, policy, now)
-        demand = demand.without_tallies(split.due)
+        if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
+            demand = demand.narrowed(split.due, split.deferred + split.waiting)
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None

@@ -167,6 +167,32 @@ class Demand:
         return dataclasses.replace(self, unmet=unmet, unmet_gpus=sum(map(_gpus, unmet)),
                                    unmet_by_project=None, unmet_widths=None, unmet_hours=None)
 
+    def narrowed(self, unmet: tuple[Job, ...], removed: tuple[Job, ...]) -> Demand:
+        """The same demand with ``unmet`` narrowed to a subsequence of it (the wait-aware split's
+        due jobs), ``removed`` the rest. The integer tallies lose what ``removed`` held (a few
+        jobs, where recounting would walk up to 100k); the result equals a recount. Where a
+        project would be left with no GPUs (so whether it is still listed depends on jobs of no
+        GPUs), and for the mean duration (a float sum), it counts again."""
+        by_project, widths = self.unmet_by_project, self.unmet_widths
+        if by_project is None or widths is None:
+            return self.without_tallies(unmet)
+        left = dict(by_project)
+        kept = Counter(widths)
+        for job in removed:
+            left[job.project] -= job.gpus
+            kept[job.gpus] -= 1
+        if any(gpus <= 0 for gpus in left.values()):
+            return self.without_tallies(unmet)
+        order: dict[str, int] = {}  # projects in the order of their first job still unmet
+        for project in map(_project, unmet):
+            if project not in order:
+                order[project] = left[project]
+                if len(order) == len(left):
+                    break
+        return dataclasses.replace(self, unmet=unmet, unmet_gpus=sum(order.values()),
+                                   unmet_by_project=order, unmet_widths=+kept,
+                                   unmet_hours=expected_hours(list(map(_duration, unmet))))
+
 
 def scheduling_order(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> list[Job]:
     """Higher project priority first, then higher job priority, then oldest, then id."""

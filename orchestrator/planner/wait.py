@@ -77,8 +77,14 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     if slo is None or not unmet:
         return WaitSplit(tuple(unmet), (), ())
     lead = slo.total_seconds() - policy.trigger.expected_boot.total_seconds()
-    deadlines = [(j.submitted_at - now).total_seconds() + lead for j in unmet]  # from now, in s
-    horizon = max(deadlines)
+    # A job submitted before ``cutoff`` is past its deadline: it can be neither deferred nor kept
+    # waiting, so it is due without simulating it (at 100k pending jobs, nearly all of a long
+    # queue; the comparison of datetimes is exact, as the float deadline below is not).
+    cutoff = now - (slo - policy.trigger.expected_boot)
+    late = [j.submitted_at < cutoff for j in unmet]
+    deadlines = [0.0 if past else (j.submitted_at - now).total_seconds() + lead
+                 for j, past in zip(unmet, late)]  # from now, in s
+    horizon = max((d for d, past in zip(deadlines, late) if not past), default=0.0)
     slots = max(int(horizon // STEP_S) + 2, 2)
     free = [queue.onprem.free_gpus] * slots
 
@@ -98,7 +104,10 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     deferred: list[Job] = []
     waiting: list[Job] = []
     earliest: float | None = None
-    for job, deadline in zip(unmet, deadlines):
+    for job, deadline, past in zip(unmet, deadlines, late):
+        if past:
+            due.append(job)
+            continue
         start = _first_fit(free, job.gpus, job.duration_s, int(deadline // STEP_S))
         if start is not None:
             hold(job.gpus, start, job.duration_s)

@@ -64,6 +64,13 @@ def test_bad_snapshot_names_file_and_path(tmp_path):
     assert f"{bad}: queues.gpu.onprem" in result.stderr
     assert f"{bad}: bogus" in result.stderr
     assert "Traceback" not in result.stderr
+    spike = json.loads(SPIKE.read_text())
+    spike["queues"]["gpu"]["pending"][1]["gpus"] = 0
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps(spike))
+    result = run_burst("plan", "--snapshot", str(zero))
+    assert result.returncode == 2
+    assert f"{zero}: queues.gpu.pending.1.gpus: must be at least 1, got 0" in result.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{\n  \"taken_at\": \n")
     result = run_burst("plan", "--snapshot", str(broken))

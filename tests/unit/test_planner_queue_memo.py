@@ -118,3 +118,30 @@ def test_one_queue_under_changing_capacity_plans_as_if_cold() -> None:
     for free, seen in zip(free_sets, warm, strict=True):
         _cold()
         assert repr(plan(make_snapshot(jobs, onprem_free=free), [policy], T0)) == repr(seen)
+
+
+@settings(max_examples=150, deadline=None)
+@given(SPECS, st.lists(st.integers(0, 8), max_size=4), st.data())
+def test_narrowing_the_unmet_jobs_equals_counting_the_rest(specs, onprem, data) -> None:
+    # The wait-aware split keeps some unmet jobs queued: the tallies of the rest (by subtraction)
+    # equal counting them, project order included, or are dropped (counted later) when a
+    # project would be left with no GPUs.
+    policy = make_policy(projects=PROJECTS)
+    demand = absorb(make_snapshot(_jobs(specs), onprem_free=onprem).queues["gpu"], [], policy)
+    unmet = demand.unmet
+    keep = data.draw(st.lists(st.booleans(), min_size=len(unmet), max_size=len(unmet)))
+    due = tuple(j for j, k in zip(unmet, keep) if k)
+    removed = tuple(j for j, k in zip(unmet, keep) if not k)
+    narrowed = demand.narrowed(due, removed)
+    assert narrowed.unmet == due
+    assert narrowed.unmet_gpus == sum(j.gpus for j in due)
+    if narrowed.unmet_by_project is None:  # dropped: none to begin with, or a project lost all
+        assert (demand.unmet_by_project is None
+                or {j.project for j in due} != set(demand.unmet_by_project))
+        return
+    per_project: dict[str, int] = {}
+    for job in due:
+        per_project[job.project] = per_project.get(job.project, 0) + job.gpus
+    assert list(narrowed.unmet_by_project.items()) == list(per_project.items())
+    assert narrowed.unmet_widths == Counter(j.gpus for j in due)
+    assert narrowed.unmet_hours == expected_hours([j.duration_s for j in due])
