@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -17,7 +18,11 @@ from orchestrator.policy import Policy, PolicyError, load_policy
 if TYPE_CHECKING:
     from orchestrator.wiring import Settings
 
-out = Console(highlight=False)
+# Piped or redirected, rich would lay tables out for 80 columns and cut numbers short ("$606,4…");
+# a file or a pager gets the full rows instead (COLUMNS, when set, still wins).
+_PIPED_WIDTH = 200
+out = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS")
+              else _PIPED_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 from orchestrator.policy import DEFAULT_POLICY_PATH as DEFAULT_POLICY  # noqa: E402
