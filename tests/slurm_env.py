@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+
+from orchestrator.policy import load_policy_text
 
 ROOT = Path(__file__).resolve().parents[1]
 _SPEC = importlib.util.spec_from_file_location("burst_minicluster",
@@ -123,3 +126,18 @@ def reset(cluster: MiniCluster) -> None:
             cluster.run("scontrol", "delete", f"nodename={name}", check=False)
     for name in onprem:  # a test may have drained an on-prem node
         cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
+
+
+def slurm_policy(conf: Path, **slurm_fabric) -> object:
+    """A policy bursting the mini-cluster's ``gpu`` partition through the Slurm fabric;
+    ``slurm_fabric``: the ``fabric.slurm`` settings to change."""
+    doc = {
+        "version": 1, "name": "train", "cluster": "it-slurm",
+        "pool": {"name": "gpu", "onprem": {"nodes": 2, "gpus_per_node": 4}},
+        "queue": {"source": "slurm", "partition": "gpu", "slurm_conf": str(conf)},
+        "offerings": [{"provider": "local", "region": "local", "instance_type": "local.4gpu",
+                       "gpus": 4, "price_usd_hour": 4.1}],
+        "limits": {"max_nodes": 4},
+        "fabric": {"slurm": {"checkpoint_wait": "20s", **slurm_fabric}},
+    }
+    return load_policy_text(yaml.safe_dump(doc), "slurm.yaml")

@@ -134,11 +134,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
         memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
 
-    beyond = demand.beyond_onprem
     fired, trigger_text = _trigger(policy, demand, now)
     trigger_since = (memory.trigger_since or now) if fired else None
     held_for = (now - trigger_since).total_seconds() if trigger_since else 0.0
-    inputs = _inputs(policy, demand, census, queue is not None, beyond, now, trigger_text, held_for)
+    inputs = _inputs(demand, census, queue is not None, now, trigger_text, held_for)
     if split is not None:
         inputs["wait_aware"] = split.inputs(policy)
 
@@ -277,7 +276,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
 
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     trigger = policy.trigger
-    gpus = demand.pending_gpus - _absorbed_onprem_gpus(demand)
+    gpus = demand.pending_gpus - demand.absorbed_onprem_gpus()
     wait = demand.oldest_wait_s(now)
     by_gpus = gpus > trigger.pending_gpus_above
     by_wait = bool(demand.beyond_onprem) and wait > trigger.oldest_wait_above.total_seconds()
@@ -286,12 +285,6 @@ def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
             f"{trigger.pending_gpus_above} {trigger.combine} oldest wait {wait:.0f}s "
             f"{'>' if by_wait else '<='} {trigger.oldest_wait_above.total_seconds():.0f}s")
     return fired, text
-
-
-def _absorbed_onprem_gpus(demand: Demand) -> int:
-    if demand.onprem_absorbed_gpus is not None:
-        return demand.onprem_absorbed_gpus
-    return sum(map(_GPUS, demand.onprem_absorbed))
 
 
 def _rank(candidates: list[Candidate], options: list[OfferingOption], demand: Demand,
@@ -460,10 +453,8 @@ def _projects(demand: Demand) -> str:
     return ", ".join(sorted({j.project for j in demand.unmet}))
 
 
-def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyond: tuple,
-            now: datetime, trigger_text: str, held_for: float) -> dict:
-    burst_gpus = (demand.burst_absorbed_gpus if demand.burst_absorbed_gpus is not None
-                  else sum(map(_GPUS, demand.burst_absorbed)))
+def _inputs(demand: Demand, fleet: Census, observed: bool, now: datetime, trigger_text: str,
+            held_for: float) -> dict:
     per_project: dict[str, int] = {}
     # Counted by (project, width) in C first: 100k unmet jobs fall into a few dozen pairs, which
     # come in the order of the jobs, so projects keep the order of their first unmet job. (Absorb
@@ -475,16 +466,17 @@ def _inputs(policy: Policy, demand: Demand, fleet: Census, observed: bool, beyon
         pairs = Counter(zip(map(_PROJECT, unmet), map(_GPUS, unmet)))
         for (project, gpus), count in pairs.items():
             per_project[project] = per_project.get(project, 0) + gpus * count
+    onprem_gpus = demand.absorbed_onprem_gpus()
     return {
         "queue_observed": observed,
         "pending_jobs": len(demand.ordered),
         "pending_gpus": demand.pending_gpus,
         # Beyond on-prem = all pending less what on-prem absorbs, as the trigger counts it (the
         # wait-aware split narrows ``unmet`` to the due jobs, not what is beyond on-prem).
-        "pending_gpus_beyond_onprem": demand.pending_gpus - _absorbed_onprem_gpus(demand),
+        "pending_gpus_beyond_onprem": demand.pending_gpus - onprem_gpus,
         "oldest_wait_s": round(demand.oldest_wait_s(now), 1),
-        "absorbed_onprem_gpus": _absorbed_onprem_gpus(demand),
-        "absorbed_burst_gpus": burst_gpus,
+        "absorbed_onprem_gpus": onprem_gpus,
+        "absorbed_burst_gpus": demand.absorbed_burst_gpus(),
         "unmet_gpus": demand.unmet_gpus,
         "unmet_gpus_by_project": per_project,
         "trigger": trigger_text,

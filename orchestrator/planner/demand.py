@@ -162,6 +162,18 @@ class Demand:
             return 0.0
         return max((now - self.oldest_beyond).total_seconds(), 0.0)
 
+    def absorbed_onprem_gpus(self) -> int:
+        """GPUs of the jobs absorbed on-prem (tallied, or counted when not)."""
+        if self.onprem_absorbed_gpus is not None:
+            return self.onprem_absorbed_gpus
+        return sum(map(_gpus, self.onprem_absorbed))
+
+    def absorbed_burst_gpus(self) -> int:
+        """GPUs of the jobs absorbed on burst nodes (tallied, or counted when not)."""
+        if self.burst_absorbed_gpus is not None:
+            return self.burst_absorbed_gpus
+        return sum(map(_gpus, self.burst_absorbed))
+
     def without_tallies(self, unmet: tuple[Job, ...]) -> Demand:
         """The same demand with another ``unmet`` (the wait-aware split's), its tallies dropped."""
         return dataclasses.replace(self, unmet=unmet, unmet_gpus=sum(map(_gpus, unmet)),

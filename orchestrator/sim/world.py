@@ -91,6 +91,14 @@ class SimJob:
         self.restarts = 0
 
 
+def _head(heap: list) -> tuple | None:
+    """The first live entry of a per-width queue, dropping stale ones (jobs started since, or
+    requeued with a newer entry)."""
+    while heap and (heap[0][2].state != PENDING or heap[0][1] != heap[0][2].attempt):
+        heapq.heappop(heap)
+    return heap[0] if heap else None
+
+
 class World:
     """Jobs, the on-prem pool, the ready burst nodes, and the fabric port over them."""
 
@@ -184,10 +192,9 @@ class World:
         while pool.free_total:
             best = None
             for width, heap in queues.items():
-                while heap and (heap[0][2].state != PENDING or heap[0][1] != heap[0][2].attempt):
-                    heapq.heappop(heap)  # started, or requeued with a newer entry
-                if heap and (best is None or heap[0][0] < best[0]) and pool.fits(width):
-                    best = heap[0]
+                head = _head(heap)
+                if head is not None and (best is None or head[0] < best[0]) and pool.fits(width):
+                    best = head
             if best is None:
                 return
             job = best[2]
@@ -201,12 +208,7 @@ class World:
         queues = self._all
         blocked = None  # the first job in order that does not fit: (its key, S, reserved nodes)
         while pool.free_total:
-            heads = []
-            for heap in queues.values():
-                while heap and (heap[0][2].state != PENDING or heap[0][1] != heap[0][2].attempt):
-                    heapq.heappop(heap)
-                if heap:
-                    heads.append(heap[0])
+            heads = [head for head in map(_head, queues.values()) if head is not None]
             if not heads:
                 return
             if blocked is None:

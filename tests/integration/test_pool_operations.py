@@ -27,7 +27,7 @@ from orchestrator.observe import Observer
 from orchestrator.planner import plan
 from orchestrator.store import Store
 from orchestrator.wiring import Runtime, Settings
-from tests.builders import POOL, T0, Rig, make_node, make_offering, make_rig
+from tests.builders import POOL, T0, Rig, make_node, make_offering
 
 S = NodeState
 M = timedelta(minutes=1)
@@ -43,16 +43,6 @@ def runtime_of(rig: Rig, tmp_path: Path) -> Runtime:
         fabric=rig.fabric, tokens=rig.tokens, clock=rig.clock, executor=rig.executor,
         reconciler=rig.reconciler, observer=Observer(rig.store, rig.queue, providers),
     )
-
-
-@pytest.fixture
-def rig(store: Store) -> Rig:
-    return make_rig(store)
-
-
-@pytest.fixture
-def rt(rig: Rig, tmp_path: Path) -> Runtime:
-    return runtime_of(rig, tmp_path)
 
 
 def ready_node(rig: Rig, n: int) -> str:

@@ -16,20 +16,17 @@ import signal
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.fabric.slurm import SlurmFabric, slurm_scope
 from orchestrator.fabric.slurm_node import SlurmMember
-from orchestrator.policy import load_policy_text
 from orchestrator.sources.slurm import SlurmQueue
 from orchestrator.store import Store
 from tests.builders import FixedClock, make_node
-from tests.slurm_env import CHECKPOINT_JOB
+from tests.slurm_env import CHECKPOINT_JOB, slurm_policy
 from tests.slurm_env import slurm, slurm_cluster  # noqa: F401 (fixtures)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -46,17 +43,6 @@ def live_store(tmp_path):
         s.close()
 
 
-def slurm_policy(conf: Path, **slurm_fabric) -> object:
-    doc = {
-        "version": 1, "name": "train", "cluster": "it-slurm",
-        "pool": {"name": "gpu", "onprem": {"nodes": 2, "gpus_per_node": 4}},
-        "queue": {"source": "slurm", "partition": "gpu", "slurm_conf": str(conf)},
-        "offerings": [{"provider": "local", "region": "local", "instance_type": "local.4gpu",
-                       "gpus": 4, "price_usd_hour": 4.1}],
-        "limits": {"max_nodes": 4},
-        "fabric": {"slurm": {"checkpoint_wait": "20s", **slurm_fabric}},
-    }
-    return load_policy_text(yaml.safe_dump(doc), "slurm.yaml")
 
 
 def wait_for(condition, timeout: float = 20.0, what: str = "condition"):

@@ -13,14 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.fabric.slurm import SlurmFabric, slurm_scope
-from orchestrator.policy import load_policy_text
 from orchestrator.sources.slurm_cli import SlurmCli, SlurmError
 from orchestrator.store import Store
 from tests.builders import FixedClock, make_node
+from tests.slurm_env import slurm_policy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -55,16 +54,6 @@ def slurm_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def policy(conf: Path):
-    doc = {
-        "version": 1, "name": "train", "cluster": "it-slurm",
-        "pool": {"name": "gpu", "onprem": {"nodes": 2, "gpus_per_node": 4}},
-        "queue": {"source": "slurm", "partition": "gpu", "slurm_conf": str(conf)},
-        "offerings": [{"provider": "local", "region": "local", "instance_type": "local.4gpu",
-                       "gpus": 4, "price_usd_hour": 4.1}],
-        "fabric": {"slurm": {}},
-    }
-    return load_policy_text(yaml.safe_dump(doc), "slurm.yaml")
 
 
 def test_node_state_tells_no_such_node_from_an_unreachable_controller(slurm_bin: Path) -> None:
@@ -79,7 +68,7 @@ def test_node_state_tells_no_such_node_from_an_unreachable_controller(slurm_bin:
 
 def test_a_node_gone_during_an_outage_keeps_its_name_until_slurm_answers(
         slurm_bin: Path, store: Store) -> None:
-    p = policy(slurm_bin / "slurm.conf")
+    p = slurm_policy(slurm_bin / "slurm.conf")
     fabric = SlurmFabric(store, {p.name: p}, FixedClock(NOW))
     node = make_node("n1", state=NodeState.TERMINATING, policy=p.name)
     store.add_fabric_member(slurm_scope(p), "n1", node.id, NOW)
@@ -100,7 +89,7 @@ def test_a_node_gone_during_an_outage_keeps_its_name_until_slurm_answers(
 
 
 def test_members_of_live_nodes_are_not_touched_by_the_retry(slurm_bin: Path, store: Store) -> None:
-    p = policy(slurm_bin / "slurm.conf")
+    p = slurm_policy(slurm_bin / "slurm.conf")
     fabric = SlurmFabric(store, {p.name: p}, FixedClock(NOW))
     node = make_node("n2", state=NodeState.READY, policy=p.name)
     store.add_fabric_member(slurm_scope(p), "n2", node.id, NOW)
