@@ -1,6 +1,6 @@
 """Benchmark: plan() time on large snapshots. Prints figures; not a test.
 
-    python bench/bench_plan.py [--repeat 7] [--wait-slo 30m]
+    python bench/bench_plan.py [--repeat 7] [--wait-slo 30m] [--profile]
 
 Scenarios grow to 100k pending jobs, 10k burst nodes and 500 offerings (the simulator's target
 size). Each snapshot is planned ``--repeat`` times with the order memo cleared first (``cold ms``:
@@ -60,6 +60,9 @@ def make_snapshot(jobs: int, nodes: int, rng: random.Random) -> Snapshot:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print where one cold plan of the largest snapshot spends "
+                        "its time")
     parser.add_argument("--wait-slo", default=None,
                         help="set trigger.wait_slo (e.g. 30m), as the shipped default does")
     args = parser.parse_args()
@@ -79,8 +82,17 @@ def main() -> None:
             began = time.perf_counter()
             plan(snapshot, [policy], NOW)
             cold.append((time.perf_counter() - began) * 1000)
-        print(f"{jobs:>12} {nodes:>6} {offerings:>9} {statistics.median(cold):>8.1f} {min(cold):>8.1f} "
-              f"{statistics.median(times):>8.1f}  {len(result.actions)} ({result.decisions[0].rule})")
+        print(f"{jobs:>12} {nodes:>6} {offerings:>9} {statistics.median(cold):>8.1f} "
+              f"{min(cold):>8.1f} {statistics.median(times):>8.1f}  {len(result.actions)} "
+              f"({result.decisions[0].rule})")
+    if args.profile:  # the last (largest) scenario, cold; profiling inflates every figure
+        import cProfile
+        import pstats
+
+        demand._ORDER_MEMO.clear()
+        profiler = cProfile.Profile()
+        profiler.runcall(plan, snapshot, [policy], NOW)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(18)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,24 @@ POLICIES = [("itp-default", HERE / "policies" / "itp-default.yaml"),
             ("itp-immediate", HERE / "policies" / "itp-immediate.yaml")]
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", default="itp")
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
+    parser.add_argument("--seeds", default=[0, 1, 2, 3, 4], type=_seeds,
+                        help="comma-separated seeds (default 0,1,2,3,4)")
     parser.add_argument("--policy", action="append", default=None,
-                        help="NAME=FILE to run instead of itp-default and itp-immediate (repeatable)")
+                        help="NAME=FILE to run instead of itp-default and itp-immediate "
+                        "(repeatable)")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds = args.seeds
     trace = load_trace(args.trace)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
