@@ -26,6 +26,13 @@ HTTP contract with the controller (JSON bodies; every call after registration ca
   ``exit_code`` is the command's status (negative: killed by that signal), 0 for a sleep that
   ran out, null for a sleep handed back. 5xx and no answer are retried; other 4xx drop the report.
 
+The controller may be away (restarting, a network cut): the agent rides that out. Its jobs run
+on; heartbeats that get no good answer are retried backing off from the interval, doubling, up to
+``HEARTBEAT_RETRY_MAX_S`` between attempts (each request waits ``HEARTBEAT_REQUEST_TIMEOUT_S``;
+both figures come from :mod:`orchestrator.domain.agent_contract`, which the controller's liveness
+rule reads too); job reports wait out the same backoff, and go at once when a heartbeat gets
+through again. No work is asked for meanwhile.
+
 A node of a joined fabric (Slurm, torch elastic) pulls no work: its fabric gives it work. Its
 agent starts the fabric's member (slurmd, torchrun), reports ``joined`` as soon as the fabric
 shows the node usable, and on a drain runs the fabric's checkpoint-aware drain step by step
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import logging
 import os
@@ -65,6 +73,26 @@ from typing import Any
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
 
+
+def _load_contract() -> Any:
+    """orchestrator/domain/agent_contract.py, loaded by its path.
+
+    The figures the controller's liveness rule assumes live there, once; importing it as
+    ``orchestrator.domain.agent_contract`` would run the domain package's ``__init__`` and pull in
+    pydantic, which a bare cloud image does not have.
+    """
+    path = Path(__file__).resolve().parents[1] / "domain" / "agent_contract.py"
+    spec = importlib.util.spec_from_file_location("burst_agent_contract", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CONTRACT = _load_contract()
+HEARTBEAT_RETRY_MAX_S: float = _CONTRACT.HEARTBEAT_RETRY_MAX_S
+HEARTBEAT_REQUEST_TIMEOUT_S: float = _CONTRACT.HEARTBEAT_REQUEST_TIMEOUT_S
+
 EXIT_OK = 0
 EXIT_BAD_BOOTSTRAP = 2
 EXIT_AUTH = 3
@@ -84,6 +112,17 @@ RELEASE_PATIENCE_S = 30.0
 POLL_S = 0.1  # longest the loop sleeps without looking at the signal flag
 
 log = logging.getLogger("burst.agent")
+
+
+def retry_delay(interval_s: float, failures: int) -> float:
+    """Seconds to the next attempt after ``failures`` calls in a row got no good answer.
+
+    Backs off from the heartbeat interval, doubling, and never beyond ``HEARTBEAT_RETRY_MAX_S``
+    (the controller's liveness rule counts on hearing a live agent within that of its return).
+    """
+    if failures <= 0:
+        return interval_s
+    return min(interval_s * 2 ** min(failures - 1, 32), HEARTBEAT_RETRY_MAX_S)
 
 
 class Unreachable(Exception):
@@ -271,6 +310,12 @@ class Agent:
         self.notices: NoticeWatcher | None = None
         self._notice_applied = False
         self._joined_reported = False
+        # Controller outages: heartbeats (and reports) back off while the controller gives no good
+        # answer, and the time of its last good answer is what the controller lease runs from.
+        self._failures = 0  # heartbeats in a row without a good answer
+        self._report_failures = 0
+        self._reports_due = 0.0  # monotonic time of the next report attempt
+        self._last_answer = time.monotonic()
 
     # -- signals ------------------------------------------------------------------------------
 
@@ -391,8 +436,8 @@ class Agent:
                 next_heartbeat = 0.0
             now = time.monotonic()
             if now >= next_heartbeat:
-                next_heartbeat = now + self.heartbeat_s
                 self._heartbeat()
+                next_heartbeat = time.monotonic() + self._heartbeat_gap()
             if self._draining:
                 if self.job is not None and (not self._respect_running or self._deadline_passed()):
                     why = (
@@ -406,6 +451,8 @@ class Agent:
                     self._flush_reports()
                 if self.job is None:
                     return self._release()
+            elif self.job is None and (self._failures or self._report_failures):
+                next_pull = next_heartbeat  # no work asked for until the controller answers again
             elif self.job is None and time.monotonic() >= next_pull and not self._pull_and_start():
                 next_pull = time.monotonic() + self.heartbeat_s
             if self.job is None:
@@ -414,6 +461,18 @@ class Agent:
             else:
                 wake_at = next_heartbeat  # or earlier: the job's end sets _job_ended
             self._sleep(max(wake_at - time.monotonic(), 0.0))
+
+    def _heartbeat_gap(self) -> float:
+        """Seconds to the next heartbeat: the interval, or the backoff while none gets through."""
+        return retry_delay(self.heartbeat_s, self._failures)
+
+    def _answered(self) -> None:
+        """The controller gave a good answer: it is back, so reports go out at once."""
+        if self._failures:
+            log.info("controller answering again after %d failed heartbeat(s)", self._failures)
+        self._failures = 0
+        self._reports_due = 0.0
+        self._last_answer = time.monotonic()
 
     def _heartbeat(self, status: str | None = None) -> Answer | None:
         if status is None:
@@ -432,15 +491,22 @@ class Agent:
         if self.notices is not None and self.notices.notice is not None:
             payload["notice"] = self.notices.notice.as_dict()
         try:
-            answer = self.api.post("/v1/agent/heartbeat", payload)
+            answer = self.api.post(
+                "/v1/agent/heartbeat", payload, timeout_s=HEARTBEAT_REQUEST_TIMEOUT_S
+            )
         except Unreachable as exc:
-            log.warning("heartbeat failed (%s); retrying next interval", exc)
+            self._failures += 1
+            log.warning("heartbeat failed (%s); retrying in %.1fs", exc, self._heartbeat_gap())
             return None
         if answer.status in (401, 403):
             raise Revoked(f"heartbeat HTTP {answer.status}")
         if answer.status != 200 or not isinstance(answer.body, dict):
-            log.warning("heartbeat answered HTTP %d; retrying next interval", answer.status)
+            self._failures += 1
+            log.warning(
+                "heartbeat answered HTTP %d; retrying in %.1fs", answer.status, self._heartbeat_gap()
+            )
             return None
+        self._answered()
         if status != "released":
             self._apply_drain(answer.body)
         return answer
@@ -468,7 +534,9 @@ class Agent:
         """Ask for a job and start it; False when there is nothing to run (or no answer)."""
         try:
             answer = self.api.post(
-                "/v1/agent/jobs/next", {"node_id": self.boot.node_id, "free_gpus": self.boot.gpus}
+                "/v1/agent/jobs/next",
+                {"node_id": self.boot.node_id, "free_gpus": self.boot.gpus},
+                timeout_s=HEARTBEAT_REQUEST_TIMEOUT_S,
             )
         except Unreachable as exc:
             log.warning("asking for work failed (%s); retrying next interval", exc)
@@ -516,7 +584,15 @@ class Agent:
         log.info("job %s ended: %s (exit code %s)", run.spec.id, run.outcome, run.exit_code)
         self._unreported.append(_finish(run.spec.id, run.outcome or "failed", run.exit_code))
 
-    def _flush_reports(self, *, timeout_s: float | None = None) -> None:
+    def _flush_reports(self, *, timeout_s: float = HEARTBEAT_REQUEST_TIMEOUT_S,
+                       force: bool = False) -> None:
+        """Send the unreported job outcomes, oldest first, until one gets no answer.
+
+        After a failed attempt the next waits out the same backoff as the heartbeats (or the
+        controller's return, which a good heartbeat notices); ``force`` tries now regardless.
+        """
+        if not force and time.monotonic() < self._reports_due:
+            return
         while self._unreported:
             report = self._unreported[0]
             path = f"/v1/agent/jobs/{urllib.parse.quote(report['job_id'], safe='')}/finish"
@@ -528,15 +604,18 @@ class Agent:
             try:
                 answer = self.api.post(path, body, timeout_s=timeout_s)
             except Unreachable as exc:
+                self._report_failed()
                 log.warning("reporting job %s failed (%s); will retry", report["job_id"], exc)
                 return
             if answer.status in (401, 403):
                 raise Revoked(f"finish HTTP {answer.status}")
             if answer.status >= 500:
+                self._report_failed()
                 log.warning(
                     "reporting job %s answered HTTP %d; will retry", report["job_id"], answer.status
                 )
                 return
+            self._report_failures = 0
             if answer.status >= 400:
                 # The controller no longer knows the job (requeued, cancelled): nothing to retry.
                 log.warning(
@@ -546,11 +625,15 @@ class Agent:
                 )
             self._unreported.pop(0)
 
+    def _report_failed(self) -> None:
+        self._report_failures += 1
+        self._reports_due = time.monotonic() + retry_delay(self.heartbeat_s, self._report_failures)
+
     def _release(self) -> int:
         """Tell the controller this node runs nothing and may go; then exit."""
         give_up_at = time.monotonic() + RELEASE_PATIENCE_S
         while True:
-            self._flush_reports()
+            self._flush_reports(force=True)
             if not self._unreported and self._heartbeat("released") is not None:
                 log.info("released; exiting")
                 return EXIT_OK
@@ -568,7 +651,7 @@ class Agent:
             self.job.stop()
             self._collect_ended_job()
         try:
-            self._flush_reports(timeout_s=LAST_WORDS_TIMEOUT_S)
+            self._flush_reports(timeout_s=LAST_WORDS_TIMEOUT_S, force=True)
         except Revoked:
             pass
         if self._unreported:
@@ -630,11 +713,13 @@ class Agent:
                 next_heartbeat = 0.0
             now = time.monotonic()
             report_join = member.state == "joined" and not self._joined_reported
-            if now >= next_heartbeat or report_join or member.state == "failed":
-                next_heartbeat = now + self.heartbeat_s
+            # A join is reported at once, unless the controller is not answering (then: backoff).
+            if now >= next_heartbeat or (report_join and not self._failures) or (
+                    member.state == "failed"):
                 status = "busy" if member.busy else "idle"
                 if self._heartbeat(status) is not None and report_join:
                     self._joined_reported = True
+                next_heartbeat = time.monotonic() + self._heartbeat_gap()
             if member.state == "failed":
                 log.error("leaving: the fabric member failed (%s)", member.failure)
                 member.stop()

@@ -49,6 +49,7 @@ class Controller:
         self.refuse_registration = False
         self.revoked = False
         self.fail_next: dict[str, int] = {}  # path -> how many more calls answer 503
+        self.down = False  # an outage: every call is cut off without an answer (and recorded)
         self.jobs: deque[dict[str, Any]] = deque()
         self.drain: dict[str, Any] = {
             "drain": False,
@@ -61,6 +62,8 @@ class Controller:
     def answer(self, path: str, auth: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         with self.lock:
             self.calls.append(Call(path, auth, body))
+            if self.down:
+                return 0, None
             if self.fail_next.get(path, 0) > 0:
                 self.fail_next[path] -= 1
                 return 503, {"detail": "controller restarting"}
@@ -103,6 +106,9 @@ def serve(controller: Controller) -> ThreadingHTTPServer:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             status, answer = controller.answer(self.path, self.headers.get("Authorization"), body)
+            if status == 0:  # the controller is down: hang up without an answer
+                self.close_connection = True
+                return
             payload = b"" if answer is None else json.dumps(answer).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -450,5 +456,57 @@ def test_boot_delay_from_the_environment_wins(controller: Controller, start_agen
     agent = start_agent(BURST_BOOT_DELAY_S="0.6")  # the bootstrap says 0
     [register] = wait_for(lambda: controller.of("/v1/agent/register"), what="registration")
     assert register.at - started >= 0.6
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.wait() == 0
+
+
+def test_retry_delay_backs_off_from_the_interval_up_to_the_contract_cap() -> None:
+    from orchestrator.domain.agent_contract import HEARTBEAT_RETRY_MAX_S
+    from orchestrator.fabric.agent import retry_delay
+
+    assert [retry_delay(1.0, k) for k in range(7)] == [1, 1, 2, 4, 8, 10, 10]
+    assert retry_delay(5.0, 1) == 5 and retry_delay(5.0, 2) == HEARTBEAT_RETRY_MAX_S
+    assert retry_delay(30.0, 1) == HEARTBEAT_RETRY_MAX_S  # never slower than the contract
+    assert retry_delay(0.2, 10_000) == HEARTBEAT_RETRY_MAX_S
+
+
+def test_the_agent_imports_the_contract_without_pydantic() -> None:
+    # The agent starts on a bare cloud image: the standard library only.
+    code = ("import sys, orchestrator.fabric.agent as a; "
+            "from importlib import import_module; "
+            "assert 'pydantic' not in sys.modules, 'pydantic imported'; "
+            "c = import_module('orchestrator.domain.agent_contract'); "
+            "assert (a.HEARTBEAT_RETRY_MAX_S, a.HEARTBEAT_REQUEST_TIMEOUT_S) == "
+            "(c.HEARTBEAT_RETRY_MAX_S, c.HEARTBEAT_REQUEST_TIMEOUT_S)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT,
+                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+
+
+def test_an_outage_is_ridden_out_the_job_runs_on_and_heartbeats_back_off(
+    controller: Controller, start_agent
+) -> None:
+    controller.jobs.append({"id": "through", "command": "sleep 0.6", "duration_s": None, "gpus": 1})
+    agent = start_agent()
+    wait_for(lambda: any(b.body["status"] == "busy" for b in controller.heartbeats()), what="busy")
+    controller.down = True
+    outage_from = time.monotonic()
+    # The job ends while the controller is away; the agent keeps trying, ever more slowly.
+    wait_for(lambda: "job through ended: done" in agent.stderr, what="the job to end")
+    wait_for(lambda: len([b for b in controller.heartbeats() if b.at > outage_from]) >= 5,
+             timeout=30, what="five heartbeats into the outage")
+    assert "through" not in controller.finished and agent.proc.poll() is None
+    tried = [b.at for b in controller.heartbeats() if b.at > outage_from]
+    gaps = [later - earlier for earlier, later in zip(tried, tried[1:], strict=False)]
+    # Each retry waits at least twice the one before (load only makes the gaps longer).
+    for k, gap in enumerate(gaps[1:], start=1):
+        assert gap >= HEARTBEAT_S * 2 ** k * 0.9, gaps
+    outage_to = time.monotonic()
+    controller.down = False
+    wait_for(lambda: "through" in controller.finished, timeout=30, what="the report after the outage")
+    assert controller.finished["through"]["outcome"] == "done"
+    assert controller.finished["through"]["exit_code"] == 0
+    # No work was asked for while the controller was away and a report was waiting.
+    assert not [c for c in controller.of("/v1/agent/jobs/next") if outage_from < c.at < outage_to]
+    assert agent.proc.poll() is None
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 0
