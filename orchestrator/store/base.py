@@ -3,7 +3,7 @@
 Every public Store method is one transaction: reads through ``_read()``, writes through
 ``_write()`` (which on SQLite takes the write lock at BEGIN). Compare-and-set writes report a lost
 race by the affected row count, never by an exception, so callers can treat conflicts as data.
-A fenced view (``fencing``) makes ``_write()`` check its leader token first, in the same
+A fenced view (``fencing``, checks in ``fence``) makes ``_write()`` check its leader token first, in the same
 transaction.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
@@ -22,16 +22,15 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.store import migrate
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
-
-if TYPE_CHECKING:
-    from orchestrator.store.fencing import Fence
+from orchestrator.store.fence import Fence
 
 
 class StoreBase:
     """Owns the engine; subclasses add the repository methods."""
 
-    # Set only on the views made by ``Store.fenced``; a plain store runs no fence statement.
-    _fence: Fence | None = None
+    # Set only on the views made by ``Store.fenced`` / ``fenced_by``; a plain store runs no fence
+    # statement. A view may carry several (one per scope it leads): every one is checked.
+    _fences: tuple[Fence, ...] = ()
 
     def __init__(self, url: str) -> None:
         self._url = normalize_url(url)
@@ -79,10 +78,10 @@ class StoreBase:
     @contextmanager
     def _write(self) -> Iterator[Connection]:
         with _argument_errors(), self._writer.begin() as conn:
-            if self._fence is not None:
-                # First statement of the transaction, so a deposed leader's write is refused
+            for fence in self._fences:
+                # First statements of the transaction, so a deposed leader's write is refused
                 # (and rolled back by the raise) before anything of it is written.
-                self._fence.check(conn)
+                fence.check(conn)
             yield conn
 
     def _insert(self, table: sa.Table) -> Any:

@@ -26,80 +26,13 @@ Why it is atomic:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Self
 
 import sqlalchemy as sa
-from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql as pg
-from sqlalchemy.dialects import sqlite
 
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase
-
-
-class StaleLeaderError(Exception):
-    """A write carried a fencing token older than the one the store has already seen for its
-    scope: the writer was deposed. The transaction was rolled back; nothing was written."""
-
-    def __init__(self, scope: str, token: int, current: int) -> None:
-        super().__init__(f"stale leader for {scope!r}: token {token} < current token {current}; "
-                         "the write was refused")
-        self.scope = scope
-        self.token = token
-        self.current = current
-
-    def __reduce__(self) -> tuple[type[StaleLeaderError], tuple[str, int, int]]:
-        # Keeps the fields when the error crosses a process boundary (Celery results, pickling).
-        return (type(self), (self.scope, self.token, self.current))
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The scope and token a fenced store view stamps on each of its write transactions."""
-
-    scope: str
-    token: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.scope, str) or not self.scope:
-            raise ValueError(f"fence scope must be a non-empty string, got {self.scope!r}")
-        # bool is an int subclass; True as a token is always a bug.
-        if not isinstance(self.token, int) or isinstance(self.token, bool) or self.token < 0:
-            raise ValueError(f"fence token must be a non-negative int, got {self.token!r}")
-
-    def check(self, conn: Connection) -> None:
-        """Advance the scope's stored token to ours, or raise StaleLeaderError if it is higher.
-
-        Runs on the write transaction's own connection, so the caller's writes commit only
-        together with a successful check."""
-        c = T.fences.c
-        insert = _dialect_insert(conn)
-        stmt = (
-            insert.values(scope=self.scope, token=self.token, updated_at=sa.func.now())
-            .on_conflict_do_update(
-                index_elements=[c.scope],
-                # updated_at is the database's clock, for operators only: no decision reads it,
-                # so it is not a caller-supplied time like every other time in the store.
-                set_={"token": insert.excluded.token, "updated_at": sa.func.now()},
-                # Equal tokens pass: one leader makes many writes under one token.
-                where=c.token <= insert.excluded.token,
-            )
-            .returning(c.token)
-        )
-        if conn.execute(stmt).first() is not None:
-            return
-        current = conn.execute(sa.select(c.token).where(c.scope == self.scope)).scalar_one()
-        raise StaleLeaderError(self.scope, self.token, int(current))
-
-
-def _dialect_insert(conn: Connection) -> pg.Insert | sqlite.Insert:
-    name = conn.dialect.name
-    if name == "postgresql":
-        return pg.insert(T.fences)
-    if name == "sqlite":
-        return sqlite.insert(T.fences)
-    raise NotImplementedError(f"no fencing for dialect {name}")
+from orchestrator.store.fence import Fence, StaleLeaderError
 
 
 class Fencing(StoreBase):
@@ -113,14 +46,29 @@ class Fencing(StoreBase):
         the engine belongs to the store the view was made from.
         """
         # A shallow copy shares the engines (and so their pools); only the fence differs.
+        return self.fenced_by(Fence(scope, token))
+
+    def fenced_by(self, *fences: Fence) -> Self:
+        """A view whose every write checks each of ``fences`` (all in its one transaction): the
+        writer of several scopes (a controller leading a pool's policies and its reconciliation)
+        is refused as soon as any of them passed to a newer holder. No fences: a plain view."""
+        scopes = [f.scope for f in fences]
+        if len(set(scopes)) != len(scopes):
+            raise ValueError(f"a view can carry one fence per scope, got {scopes}")
         view = copy.copy(self)
-        view._fence = Fence(scope, token)
+        # Sorted by scope: concurrent multi-scope writers lock the fence rows in one order.
+        view._fences = tuple(sorted(fences, key=lambda f: f.scope))
         return view
 
     @property
     def fence(self) -> Fence | None:
-        """This view's fence, or None for a plain store."""
-        return self._fence
+        """This view's fence (the first, for a view of several), or None for a plain store."""
+        return self._fences[0] if self._fences else None
+
+    @property
+    def fences(self) -> tuple[Fence, ...]:
+        """Every fence this view checks; empty for a plain store."""
+        return self._fences
 
     def fence_token(self, scope: str) -> int | None:
         """The highest token that has written in ``scope`` (None if none has). A lease can use
@@ -131,7 +79,7 @@ class Fencing(StoreBase):
         return int(token) if token is not None else None
 
     def close(self) -> None:
-        if self._fence is None:
+        if not self._fences:
             super().close()
 
 

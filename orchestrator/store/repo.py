@@ -28,8 +28,10 @@ from orchestrator.store.fencing import Fencing
 from orchestrator.store.jobqueue import JobQueue
 from orchestrator.store.jobruns import JobRuns
 from orchestrator.store.joins import JoinSecrets
+from orchestrator.store.leases import Leases
 from orchestrator.store.ledger import Ledger
 from orchestrator.store.pools import PoolControls
+from orchestrator.store.presence import Presence
 from orchestrator.store.slots import FabricSlots
 from orchestrator.store.telemetry import Telemetry
 from orchestrator.store.tokens import ApiTokens
@@ -86,7 +88,7 @@ _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
 
 
 class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Telemetry,
-            FabricSlots, Fencing):
+            FabricSlots, Leases, Presence, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

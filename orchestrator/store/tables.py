@@ -350,6 +350,39 @@ class FabricMemberRow(Base):
     node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), unique=True)
     claimed_at: Mapped[datetime | None]
 
+class LeaseRow(Base):
+    """Who controls a scope (``reconcile``, ``policy:<name>``) and until when (see ``leases``).
+
+    ``token`` grows with every new tenure and is the fencing token of the holder's writes;
+    ``acquired_at`` is the start of the tenure (what the holder could have observed since);
+    ``host``/``pid`` name a process-bound holder so a contender on that host can tell it is dead.
+    A released lease keeps its row (empty ``holder``) so the next tenure's token still grows."""
+
+    __tablename__ = "leases"
+
+    scope: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    holder: Mapped[str] = mapped_column(sa.String(STR_KEY))
+    token: Mapped[int] = mapped_column(sa.BigInteger)
+    acquired_at: Mapped[datetime]
+    renewed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    host: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
+    pid: Mapped[int | None] = mapped_column(sa.Integer)
+
+
+class PresenceRow(Base):
+    """One API process's presence window: up from ``started_at``, last seen at ``seen_at``.
+
+    Agents can only be heard while an API is up, so the liveness rules count a node's silence
+    from the start of the current window (see ``presence``)."""
+
+    __tablename__ = "presence"
+
+    id: Mapped[str] = mapped_column(sa.String(STR_KEY), primary_key=True)
+    started_at: Mapped[datetime]
+    seen_at: Mapped[datetime] = mapped_column(index=True)
+
+
 # Core handles for the repository, which issues compare-and-set statements rather than using the
 # unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
 nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
@@ -367,3 +400,5 @@ ledger_marks: sa.Table = LedgerMarkRow.__table__  # type: ignore[assignment]
 api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
 tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
 fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]
+leases: sa.Table = LeaseRow.__table__  # type: ignore[assignment]
+presence: sa.Table = PresenceRow.__table__  # type: ignore[assignment]
