@@ -188,6 +188,16 @@ def build_provider(name: str, settings: Settings, policies: Iterable[Policy] = (
     raise ProviderUnavailable(f"provider {name!r} has no adapter in this build")
 
 
+def provider_offerings(name: str, settings: Settings, policies: Iterable[Policy] = ()) -> list:
+    """What provider ``name`` sells, building nothing that writes (the local provider's state
+    directory is not created): the catalogue a dry-run plans against."""
+    if name == ProviderName.LOCAL:
+        from providers.local import default_offerings
+
+        return default_offerings()
+    return build_provider(name, settings, policies).offerings()
+
+
 def sim_catalogue(policies: Iterable[Policy]) -> list:
     """The sim provider's catalogue: the rows each policy offering resolves against in
     production (the bundled AWS/GCP catalogue of its region, the local provider's offerings, the
@@ -223,7 +233,7 @@ def sim_catalogue(policies: Iterable[Policy]) -> list:
     return sorted(rows.values(), key=lambda o: o.key)
 
 
-def _catalogue_overrides(settings: Settings) -> tuple:
+def catalogue_overrides(settings: Settings) -> tuple:
     path = settings.state_dir / CATALOG_OVERRIDES
     if not path.exists():
         return ()
@@ -262,17 +272,22 @@ def build_runtime(
     upgrade: bool = True,
     providers: dict[str, Provider] | None = None,
     reconciler_config: ReconcilerConfig | None = None,
+    store: Store | None = None,
 ) -> Runtime:
-    """Wire a runtime for the given policies (the embedded defaults unless settings say otherwise)."""
+    """Wire a runtime for the given policies (the embedded defaults unless settings say otherwise).
+
+    ``store``: an open store to use instead of opening the settings' one (``burst plan``'s
+    read-only view); it is used as it is, never migrated."""
     policy_map = {p.name: p for p in policies}
     for policy in policy_map.values():
         if policy.queue.source not in (QueueSourceKind.BUILTIN, QueueSourceKind.SLURM):
             raise ProviderUnavailable(
                 f"policy {policy.name}: queue source {policy.queue.source} is not available in this "
                 "build; use queue: {source: builtin} or {source: slurm}")
-    store = Store(settings.store_url)
-    if upgrade:
-        store.upgrade()
+    if store is None:
+        store = Store(settings.store_url)
+        if upgrade:
+            store.upgrade()
     if providers is None:
         providers = {}
         for policy in policy_map.values():
@@ -287,13 +302,13 @@ def build_runtime(
     executor = Executor(store, providers, fabric, clock, tokens, policy_map,
                         ExecutorConfig(controller_url=controller_url or settings.agent_url()))
     reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
-    observer = Observer(store, _queue_source(store, policy_map, queue), providers,
-                        _catalogue_overrides(settings), policies=policy_map.values())
+    observer = Observer(store, queue_source(store, policy_map, queue), providers,
+                        catalogue_overrides(settings), policies=policy_map.values())
     return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
                    executor, reconciler, observer)
 
 
-def _queue_source(store: Store, policies: dict[str, Policy], builtin: BuiltinQueue) -> Any:
+def queue_source(store: Store, policies: dict[str, Policy], builtin: BuiltinQueue) -> Any:
     """The built-in queue, plus Slurm for the pools whose queue.source is slurm."""
     slurm = [p for p in policies.values() if p.queue.source is QueueSourceKind.SLURM]
     if not slurm:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from orchestrator.cli.common import err, fail, load_policies, out, print_json
+from orchestrator.cli.common import err, fail, load_policies, load_settings, out, print_json
 from orchestrator.domain.plan import Drain, Hold, Launch, Plan, Terminate
 from orchestrator.domain.snapshot_json import (
     SnapshotError,
@@ -22,64 +24,122 @@ from orchestrator.planner import plan as make_plan
 
 def plan_command(
     policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable); default: the shipped default policy.")] = None,
-    snapshot: Annotated[Path | None, typer.Option("--snapshot", "-s", help="Snapshot JSON (see --snapshot-schema).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    snapshot: Annotated[Path | None, typer.Option("--snapshot", "-s", help="Plan this snapshot JSON (see --snapshot-schema) instead of observing the live world.")] = None,
+    assume_sustained: Annotated[bool, typer.Option("--assume-sustained", help="Treat each trigger's sustained_for as already met, to see what would be launched.")] = False,
+    save_snapshot: Annotated[Path | None, typer.Option("--save-snapshot", help="Write the observed snapshot to FILE (the --snapshot format), for a bug report or a what-if.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan (actions and decisions) as JSON.")] = False,
     snapshot_schema: Annotated[bool, typer.Option("--snapshot-schema", help="Print the JSON Schema of snapshot files and exit.")] = False,
 ) -> None:
-    """Show the actions and decision record the planner would produce for a snapshot."""
+    """Dry-run: what the planner would do now (or for a snapshot), writing and launching nothing.
+
+    Without --snapshot it observes the live world as `burst run` does (the policies' queue, the
+    store's nodes, budgets and memory, the provider catalogues) through a read-only store."""
     if snapshot_schema:
         print(json.dumps(snapshot_json_schema(), indent=2, sort_keys=True))
         return
-    if snapshot is None:
-        fail("--snapshot FILE is required (print its format with --snapshot-schema)")
+    from orchestrator.cli.live_plan import (
+        LivePlanError,
+        assume_sustained as sustained,
+        fill_offerings,
+        observe_live,
+    )
+
     policies = load_policies(policy)
+    settings = load_settings()
     try:
-        world = load_snapshot(snapshot)
-    except SnapshotError as exc:
-        for line in str(exc).splitlines():
-            err.print(line, markup=False)
-        raise typer.Exit(2) from None
+        if snapshot is None:
+            observed = observe_live(settings, policies, datetime.now(UTC))
+        else:
+            try:
+                world = load_snapshot(snapshot)
+            except SnapshotError as exc:
+                for line in str(exc).splitlines():
+                    err.print(line, markup=False)
+                raise typer.Exit(2) from None
+            observed = fill_offerings(settings, policies, world)
+    except LivePlanError as exc:
+        fail(str(exc))
+    world = observed.snapshot
+    if save_snapshot is not None:
+        write_snapshot(save_snapshot, world)
+    if assume_sustained:
+        world = sustained(world, policies)
     result = make_plan(world, policies, world.taken_at)
     if as_json:
         print_json(plan_to_json(result))
         return
+    for note in observed.notes:
+        err.print(f"note: {note}", markup=False)
+    if save_snapshot is not None:
+        err.print(f"snapshot written to {save_snapshot}", markup=False)
     render_plan(result)
 
 
+def write_snapshot(path: Path, world) -> None:
+    """Write ``world`` atomically (a partial file is never left behind)."""
+    from orchestrator.domain.snapshot_json import snapshot_to_json
+
+    text = json.dumps(snapshot_to_json(world), indent=2, sort_keys=True) + "\n"
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        fail(f"--save-snapshot {path}: cannot write: {exc.strerror}")
+
+
 def render_plan(result: Plan) -> None:
+    """The decision of each policy and the actions, every data string printed verbatim."""
     for decision in result.decisions:
-        out.rule(f"policy {decision.policy} — decision {decision.id}")
-        out.print(f"[bold]rule:[/bold] {decision.rule}    [bold]at:[/bold] {decision.at.isoformat()}")
-        out.print(f"[bold]why:[/bold] {decision.summary}", markup=True)
+        out.rule(Text(f"policy {decision.policy} — decision {decision.id}"))
+        out.print(Text.assemble(("rule: ", "bold"), str(decision.rule), "    ", ("at: ", "bold"),
+                                decision.at.isoformat()))
+        out.print(Text.assemble(("why: ", "bold"), decision.summary))
         inputs = Table(title="inputs", show_header=False, box=None)
         for key, value in decision.inputs.items():
-            inputs.add_row(key, str(value))
+            inputs.add_row(Text(str(key)), Text(str(value)))
         out.print(inputs)
         if decision.options:
-            options = Table(title="offerings considered")
-            options.add_column("offering", overflow="fold")
-            for col in ("GPUs", "$/h", "nodes", "expected $", "note"):
-                options.add_column(col)
-            for o in decision.options:
-                note = o.rejected or ("chosen" if o.offering_key == decision.chosen else "")
-                options.add_row(o.offering_key, str(o.gpus), f"{o.price_usd_hour:.2f}", str(o.nodes),
-                                f"{o.expected_cost_usd:.2f}", note)
-            out.print(options)
+            out.print(optimizer_table(decision))
         if decision.held_back_by:
-            out.print(f"[yellow]held back by:[/yellow] {', '.join(decision.held_back_by)}")
+            out.print(Text.assemble(("held back by: ", "yellow"), ", ".join(decision.held_back_by)))
     actions = Table(title="actions")
     for col in ("action", "node", "detail", "reason"):
-        actions.add_column(col)
+        actions.add_column(col, overflow="fold")
     for action in result.actions:
         if isinstance(action, Launch):
-            actions.add_row("launch", action.node_id, f"{action.offering.key} for {action.project or '-'}", str(action.reason))
+            row = ("launch", action.node_id, f"{action.offering.key} for {action.project or '-'}",
+                   str(action.reason))
         elif isinstance(action, Drain):
-            actions.add_row("drain", action.node_id, f"deadline {action.deadline.isoformat()}", str(action.reason))
+            row = ("drain", action.node_id, f"deadline {action.deadline.isoformat()}", str(action.reason))
         elif isinstance(action, Terminate):
-            actions.add_row("terminate", action.node_id or action.instance_id or "", "", str(action.reason))
-        elif isinstance(action, Hold):
-            actions.add_row("hold", "", action.reason, "")
+            row = ("terminate", action.node_id or action.instance_id or "", "", str(action.reason))
+        else:
+            assert isinstance(action, Hold)
+            row = ("hold", "", action.reason, "")
+        actions.add_row(*(Text(cell) for cell in row))
     if result.actions:
         out.print(actions)
     else:
         out.print("no actions")
+
+
+def optimizer_table(decision) -> Table:
+    """The offerings weighed, as an optimizer view: one row per offering and market, the nodes
+    it would take, its price and expected cost, and either "chosen" or why it was not."""
+    table = Table(title="offerings considered")
+    table.add_column("offering", overflow="fold")
+    table.add_column("market")
+    for col in ("GPUs", "nodes", "$/h", "expected $"):
+        table.add_column(col, justify="right")
+    table.add_column("chosen", overflow="fold")
+    for option in sorted(decision.options, key=lambda o: (o.rejected is not None, o.expected_cost_usd)):
+        head, _, market = option.offering_key.rpartition("/")
+        if option.offering_key == decision.chosen:
+            verdict = Text("✔ chosen", "green")
+        else:
+            verdict = Text(option.rejected or "")
+        table.add_row(Text(head), Text(market), str(option.gpus), str(option.nodes),
+                      f"{option.price_usd_hour:.2f}", f"{option.expected_cost_usd:.2f}", verdict)
+    return table

@@ -110,8 +110,7 @@ def resolve_candidates(
             offering = _resolve(spec, market, listed)
             if offering is None:
                 rejected.append(OfferingOption(key, spec.gpus or 0, 0.0, 0, 0.0,
-                                               rejected="not in the provider catalogue, and the "
-                                               "policy gives no gpus/price for it"))
+                                               rejected=_unresolved_reason(spec, market)))
                 continue
             block = blocked.get(key)
             if block is not None:
@@ -121,6 +120,15 @@ def resolve_candidates(
                 continue
             usable.append(Candidate(offering, spec.max_nodes))
     return usable, rejected
+
+
+def _unresolved_reason(spec: OfferingSpec, market: Market) -> str:
+    """Why an offering could not be priced: only when the catalogue has no row for it (a listed
+    row always gives both), naming exactly what the policy left out."""
+    own_price = market is spec.market and spec.price_usd_hour is not None
+    missing = [name for name, given in (("gpus", spec.gpus is not None), ("price", own_price))
+               if not given]
+    return f"not in the provider catalogue, and the policy gives no {' or '.join(missing)} for it"
 
 
 def _resolve(spec: OfferingSpec, market: Market, listed: Offering | None) -> Offering | None:

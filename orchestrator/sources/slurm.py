@@ -313,6 +313,8 @@ class SlurmQueue:
         failure is logged, not raised: cost tracking must not stop the control loop (a deposed
         leader's refusal is raised, as for every write)."""
         opened = closed = 0
+        if self.store.read_only:
+            return opened, closed  # a dry-run (`burst plan`) observes the queue, records nothing
         scopes = {policy.queue.slurm_conf: slurm_scope(policy) for policy in self.policies}
         for conf, jobs in listings.items():
             scope = scopes.get(conf)

@@ -32,9 +32,10 @@ class StoreBase:
     # statement. A view may carry several (one per scope it leads): every one is checked.
     _fences: tuple[Fence, ...] = ()
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         self._url = normalize_url(url)
-        self._engine: Engine = make_engine(self._url)
+        self.read_only = read_only  # every write is refused by the database itself
+        self._engine: Engine = make_engine(self._url, read_only=read_only)
         self._writer: Engine = write_engine(self._engine)
 
     @property

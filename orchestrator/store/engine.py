@@ -54,12 +54,20 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
-def make_engine(url: str | URL) -> Engine:
-    """An engine for ``url``; SQLite files get their parent directories created."""
+def make_engine(url: str | URL, *, read_only: bool = False) -> Engine:
+    """An engine for ``url``; SQLite files get their parent directories created.
+
+    ``read_only``: the database itself refuses every write on this engine's connections (SQLite
+    ``query_only``, PostgreSQL ``default_transaction_read_only``), so a command that promises to
+    write nothing (``burst plan``'s live dry-run) cannot, whatever code path it reaches.
+    """
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
-    return sa.create_engine(parsed, pool_pre_ping=True, json_serializer=json_dumps)
+        return _sqlite_engine(parsed, read_only=read_only)
+    kwargs: dict[str, Any] = {}
+    if read_only:
+        kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
+    return sa.create_engine(parsed, pool_pre_ping=True, json_serializer=json_dumps, **kwargs)
 
 
 def write_engine(engine: Engine) -> Engine:
@@ -67,7 +75,7 @@ def write_engine(engine: Engine) -> Engine:
     return engine.execution_options(**{WRITE_OPTION: True})
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     path = sqlite_file(url)
     kwargs: dict[str, Any] = {
         "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
@@ -76,7 +84,7 @@ def _sqlite_engine(url: URL) -> Engine:
     if path is None:
         # Each new connection to :memory: would be a new, empty database: share one.
         kwargs["poolclass"] = StaticPool
-    else:
+    elif not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, **kwargs)
 
@@ -87,7 +95,9 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            if path is not None:
+            if read_only:
+                cursor.execute("PRAGMA query_only=ON")
+            elif path is not None:
                 cursor.execute("PRAGMA journal_mode=WAL")
                 # NORMAL is durable across application crashes in WAL mode; only an OS crash can
                 # lose the last commits, and the reconciler recovers from that.
