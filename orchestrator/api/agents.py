@@ -150,6 +150,19 @@ def _parse_time(value: object) -> datetime | None:
     return parsed if parsed.tzinfo is not None else None
 
 
+# One answer for a node id that does not exist and for a wrong token, so an anonymous caller
+# learns nothing about which node ids exist; the audit log keeps the real reason.
+_NOT_VALID = "the join token is not valid for this node"
+
+
+def _refused(result: str) -> Problem:
+    """The 401 for a refused registration. Only a caller holding the right token learns more
+    (the token expired or was used, or the node is past joining)."""
+    detail = _NOT_VALID if result in ("unknown-node", "wrong-token") else (
+        f"the join token was refused: {result}")
+    return Problem(401, "join refused", detail)
+
+
 def router(runtime: Runtime) -> APIRouter:
     api = APIRouter(prefix="/v1/agent", tags=["agent"])
 
@@ -157,25 +170,19 @@ def router(runtime: Runtime) -> APIRouter:
     def register(body: RegisterIn, request: Request) -> dict:
         now = runtime.clock.now()
         remote = request.client.host if request.client else None
-        node = runtime.store.get_node(body.node_id)
-        if node is not None and node.state is NodeState.REQUESTED:
-            # The instance booted before its launch was recorded: ask the agent to retry, without
-            # spending its single-use token.
-            raise Problem(409, "node not launched yet", "retry registration shortly")
-        result = runtime.store.consume_join_token(body.node_id, token_hash(body.join_token), now)
-        if result == "ok" and (node is None or node.state not in (
-                NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING)):
-            result = f"node is {node.state if node else 'unknown'}"
-        runtime.store.record_join_attempt(body.node_id, now, result == "ok", result, remote)
-        if result != "ok":
-            raise Problem(401, "join refused", f"join token refused: {result}")
         credential, credential_hash = new_credential()
-        runtime.store.set_credential(body.node_id, credential_hash)
         inventory = {"gpus": body.gpus, "gpu_model": body.gpu_model, "gpu_source": body.gpu_source}
-        joining = _advance(runtime, body.node_id, NodeState.JOINING, "agent registered",
-                           details=inventory, last_heartbeat=now)
-        if joining is None:
-            raise Problem(409, "node changed state", "node is no longer joinable")
+        # One transaction: a controller killed inside it spent nothing; one killed after it
+        # (the answer lost) is completed again by the agent's retry with the same token.
+        registration = runtime.store.register_node(
+            body.node_id, token_hash(body.join_token), credential_hash, now, remote=remote,
+            details=inventory)
+        if registration.result == "not-launched":
+            # The instance booted before its launch was recorded: the agent retries shortly.
+            raise Problem(409, "node not launched yet", "retry registration shortly")
+        if not registration.ok or registration.node is None:
+            raise _refused(registration.result)
+        joining = registration.node
         heartbeat_s = 1.0 if runtime.settings.tick_s <= 2 else 5.0
         policy = runtime.policies.get(joining.policy)
         notice = None
@@ -191,9 +198,9 @@ def router(runtime: Runtime) -> APIRouter:
             _advance(runtime, body.node_id, NodeState.FAILED, f"cannot join the fabric: {exc}")
             raise Problem(503, "cannot join the fabric", str(exc)) from None
         except Exception as exc:
-            # The join token is spent and the node is JOINING: a 500 would leave it there,
-            # billing until the join timeout, while its agent gives up on the spent token. Fail
-            # it now so the reconciler terminates and replaces it.
+            # The node is JOINING: a fabric that cannot take it would leave it there, billing
+            # until the join timeout, however often its agent retries. Fail it now so the
+            # reconciler terminates and replaces it.
             log.exception("node %s: fabric join failed", body.node_id)
             _advance(runtime, body.node_id, NodeState.FAILED,
                      f"cannot join the fabric: {type(exc).__name__}: {exc}")

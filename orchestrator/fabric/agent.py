@@ -12,8 +12,10 @@ HTTP contract with the controller (JSON bodies; every call after registration ca
 
 * ``POST /v1/agent/register`` ``{node_id, join_token, gpus, gpu_model, gpu_inventory,
   gpu_source, hostname, pid}`` -> 200 ``{credential, heartbeat_s, fabric, notice}``; 401/403
-  refuses the token for good; no answer or any other status is retried with backoff for ~5
-  minutes. ``fabric`` (null for the built-in fabric) tells the agent which fabric to join and how
+  refuses the token for good; no answer or any other status (a 5xx, 409 "not launched yet", 429
+  with ``retry_after_s``) is retried with the same token, with backoff, for ~5 minutes. A
+  registration the controller wrote but never answered is answered again, with a fresh
+  credential, so a retry after a lost answer is fine. ``fabric`` (null for the built-in fabric) tells the agent which fabric to join and how
   (:mod:`orchestrator.fabric.slurm_node`, :mod:`orchestrator.fabric.torch_node`); ``notice``
   (null: none) where to poll for spot/preemption notices (:mod:`orchestrator.fabric.node_facts`).
 * ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id, fabric_state,
@@ -105,6 +107,7 @@ WORK_DIR_ENV = "BURST_WORK_DIR"
 
 REGISTER_PATIENCE_S = 300.0  # the controller may be restarting; a few minutes is normal
 REGISTER_BACKOFF_MAX_S = 15.0
+RETRY_AFTER_MAX_S = 60.0
 HTTP_TIMEOUT_S = 10.0
 LAST_WORDS_TIMEOUT_S = 3.0  # on a signal the provider kills us hard after ~5 s
 JOB_STOP_GRACE_S = 3.0
@@ -167,6 +170,15 @@ class Controller:
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             # HTTPException: a connection cut mid-answer; ValueError: a garbled URL or status line.
             raise Unreachable(_describe_error(exc)) from exc
+
+
+def _retry_after(body: dict[str, Any]) -> float:
+    """The ``retry_after_s`` of a refusal-for-now (429), within 0..RETRY_AFTER_MAX_S."""
+    try:
+        value = float(body.get("retry_after_s") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(value, 0.0), RETRY_AFTER_MAX_S) if value == value else 0.0
 
 
 def _json_or_none(raw: bytes) -> Any:
@@ -412,6 +424,9 @@ class Agent:
                         log.warning("ignoring unusable heartbeat_s from the controller")
                     log.info("registered; heartbeat every %.2fs", self.heartbeat_s)
                     return self._setup_fabric(body)
+                # A rate-limited controller says when to come back (bounded: a bad value must
+                # not park the agent).
+                delay = max(delay, _retry_after(body))
                 log.warning(
                     "unexpected registration answer HTTP %d; retrying in %.1fs",
                     answer.status,

@@ -155,15 +155,25 @@ class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Tel
                              f"match {old.state}->{new.state}")
         if not can_transition(old.state, new.state):
             raise IllegalTransition(f"node {old.id}: {old.state} -> {new.state} is not allowed")
+        with self._write() as conn:
+            return self._save_transition_in(conn, old, new, event)
+
+    def _save_transition_in(self, conn: sa.Connection, old: Node, new: Node,
+                            event: NodeEvent) -> bool:
+        """:meth:`save_transition`'s writes inside the caller's transaction (checked by it)."""
         values = _node_values(new)
         del values["id"]
         c = T.nodes.c
         stmt = sa.update(T.nodes).where(c.id == old.id, c.version == old.version).values(**values)
-        with self._write() as conn:
-            won = conn.execute(stmt).rowcount == 1
-            if won:
-                conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
+        won = conn.execute(stmt).rowcount == 1
+        if won:
+            conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
         return won
+
+    def _node_in(self, conn: sa.Connection, node_id: str) -> Node | None:
+        """The node as the caller's transaction sees it."""
+        row = conn.execute(sa.select(*_NODE_COLUMNS).where(T.nodes.c.id == node_id)).first()
+        return _node_from_row(row) if row is not None else None
 
     def update_node(self, old: Node, **changes: Any) -> Node | None:
         """Compare-and-set non-state fields (heartbeat, busy GPUs, instance id...). Returns the
