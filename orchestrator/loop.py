@@ -9,7 +9,8 @@ One tick:
    ledger is rolled up to now (budgets see current spend); a Snapshot is observed, ``plan()``
    run, and the plan executed (decisions and memory are stored first);
 4. if a launch hit a capacity error, the offering is now in the negative-capacity cache: observe and
-   plan again within the same tick, so the next offering is launched without waiting a tick.
+   plan again within the same tick, so the next offering is launched without waiting a tick;
+5. hourly, decisions older than ``decision_retention`` are pruned.
 
 The loop holds no state of its own: everything lives in the store, so a restart (or a crash at any
 line) continues from the records, and the reconciler adopts or cleans up whatever was in flight.
@@ -26,7 +27,7 @@ from datetime import datetime
 from orchestrator.domain.plan import Decision
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
-from orchestrator.tick import planning_pass, record_tick
+from orchestrator.tick import PRUNE_EVERY, planning_pass, prune_decisions, record_tick
 from orchestrator.wiring import Runtime
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class ControlLoop:
     def __init__(self, runtime: Runtime, tick_s: float):
         self.runtime = runtime
         self.tick_s = tick_s
+        # When retention last ran: the one thing the loop remembers, and only to run it hourly
+        # (a restart runs it again at once, which is harmless).
+        self._pruned_at: datetime | None = None
 
     def observe_providers(self) -> dict[str, list[Instance]]:
         clusters = sorted({p.cluster for p in self.runtime.policies.values()})
@@ -93,7 +97,17 @@ class ControlLoop:
             now = rt.clock.now()
         report.duration_s = time.perf_counter() - started
         record_tick(rt, rt.policies, report.at, started)
+        self._apply_retention(report.at)
         return report
+
+    def _apply_retention(self, now: datetime) -> None:
+        if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:
+            return
+        try:
+            prune_decisions(self.runtime, now)
+            self._pruned_at = now
+        except Exception:  # noqa: BLE001 - retention must never fail a tick; retried next tick
+            log.warning("could not prune old decisions", exc_info=True)
 
     def run(self, stop: threading.Event, on_tick=None) -> None:
         """Tick every ``tick_s`` until ``stop`` is set; a failing tick is logged, not fatal."""

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Generic, TypeVar
 
 from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
@@ -23,6 +23,7 @@ from orchestrator.domain.plan import Plan
 from orchestrator.domain.snapshot import Snapshot
 from orchestrator.planner import plan as make_plan
 from orchestrator.policy.models import Policy
+from orchestrator.policy.units import format_duration
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store
 from orchestrator.store.fencing import StaleLeaderError
@@ -103,4 +104,18 @@ def record_tick(rt: Runtime, policies: Iterable[str], at: datetime, started: flo
         log.warning("could not record the tick's duration", exc_info=True)
 
 
-__all__ = ["PlanPass", "planning_pass", "record_tick", "roll_up_costs"]
+PRUNE_EVERY = timedelta(hours=1)  # how often the embedded loop and beat apply decision retention
+
+
+def prune_decisions(rt: Runtime, now: datetime) -> int:
+    """Apply ``settings.decision_retention``: delete decisions last made longer ago; returns how
+    many went. Shared by the embedded loop (hourly) and beat's ``burst.decisions.prune``."""
+    removed = rt.store.prune_decisions(now - rt.settings.decision_retention)
+    if removed:
+        log.info("pruned %d decision(s) last made before the %s retention", removed,
+                 format_duration(rt.settings.decision_retention))
+    return removed
+
+
+__all__ = ["PRUNE_EVERY", "PlanPass", "planning_pass", "prune_decisions", "record_tick",
+           "roll_up_costs"]

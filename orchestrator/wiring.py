@@ -13,7 +13,7 @@ import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from orchestrator.fabric.builtin import BuiltinFabric
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.observe import Observer
 from orchestrator.policy.models import Policy, ProviderName, QueueSourceKind
+from orchestrator.policy.units import Duration
 from orchestrator.reconciler import Reconciler, ReconcilerConfig
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store, default_sqlite_url
@@ -77,6 +78,10 @@ class Settings(BaseSettings):
         description="Seconds before Redis redelivers an unacknowledged task (longer than any task).")
     lease_s: float | None = Field(default=None, gt=0,
                                   description="Leader lease per policy (default: 3 x tick_s).")
+    decision_retention: Duration = Field(
+        default=timedelta(days=30),
+        description="How long decisions are kept after they were last made (like 30d or 12h); "
+                    "older ones are pruned hourly by the embedded loop and by beat.")
 
     @classmethod
     def settings_customise_sources(

@@ -205,8 +205,9 @@ def router(runtime: Runtime) -> APIRouter:
         require_role(token)
         after = parse_time(since, "since") if since is not None else None
         found = runtime.store.decisions(policy=policy, limit=limit)
-        # Newest first: the decisions at or after ``since`` are a prefix of the newest ``limit``.
-        return [decision_to_jsonable(d) for d in found if after is None or d.at >= after]
+        # Newest (last made) first: those made at or after ``since`` are a prefix of the newest
+        # ``limit``; a repeated decision counts as made when it was last made.
+        return [decision_to_jsonable(d) for d in found if after is None or d.last_seen >= after]
 
     @api.get("/decisions/{decision_id}", tags=["decisions"])
     def get_decision(

@@ -1,7 +1,8 @@
 """The Celery application of the distributed control plane, configured from settings.
 
 Beat sends ``burst.loop.tick`` for every policy each ``tick_s`` and ``burst.reconcile.run`` /
-``burst.catalog.refresh`` / ``burst.cost.rollup`` (each ``cost_rollup_s``) on their own periods;
+``burst.catalog.refresh`` / ``burst.cost.rollup`` (each ``cost_rollup_s``) / ``burst.decisions.prune``
+(hourly: ``decision_retention``) on their own periods;
 workers carry them out. Two queues keep provider calls (slow, retried) from delaying planning:
 ``burst.control`` and ``burst.provider``.
 
@@ -17,6 +18,7 @@ from datetime import timedelta
 
 from celery import Celery
 
+from orchestrator.tick import PRUNE_EVERY
 from orchestrator.wiring import Settings
 
 CONTROL_QUEUE = "burst.control"
@@ -37,6 +39,7 @@ def beat_schedule(settings: Settings, policy_names: list[str]) -> dict:
     schedule["cost-rollup"] = {"task": "burst.cost.rollup",
                                "schedule": timedelta(seconds=settings.cost_rollup_s),
                                "options": {"expires": settings.cost_rollup_s}}
+    schedule["decision-prune"] = {"task": "burst.decisions.prune", "schedule": PRUNE_EVERY}
     return schedule
 
 

@@ -11,6 +11,7 @@
   never retry; a capacity error blocks the offering and asks the planner to choose again.
 * ``burst.node.drain`` / ``burst.node.terminate``: one node each, idempotent.
 * ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease.
+* ``burst.decisions.prune``: deletes decisions last made before ``decision_retention`` (hourly).
 * ``burst.cost.rollup``: brings the whole cost ledger up to now (beat, every ``cost_rollup_s``),
   under its own lease. Each tick also rolls up its policy's nodes before observing, so budgets
   see current spend. Two roll-ups at once are harmless: lines are upserted on unique keys.
@@ -32,6 +33,7 @@ from orchestrator.executor import Executor
 from orchestrator.reconciler import Reconciler
 from orchestrator.store.fencing import StaleLeaderError
 from orchestrator.tick import planning_pass, record_tick, roll_up_costs
+from orchestrator.tick import prune_decisions as prune
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,7 @@ def tick(policy_name: str, replan: bool = False) -> dict:
 
         done = planning_pass(rt, [policy], now, record_and_dispatch, store=executor.store)
         record_tick(rt, [policy_name], now, started)
-        return {"policy": policy_name, "leader": True, "fence": token,
+        return {"policy": policy_name, "leader": True, "fence": token, "at": now.isoformat(),
                 "decisions": [d.id for d in done.plan.decisions], **done.outcome}
 
 
@@ -193,6 +195,17 @@ def terminate(node_id: str | None, reason: str, instance_id: str | None = None,
     report = runtime().executor.run([Terminate(node_id, ActionReason(reason), instance_id=instance_id,
                                                provider=provider)])
     return {"node": node_id, "instance": instance_id, "terminated": report.terminated}
+
+
+@shared_task(name="burst.decisions.prune", ignore_result=False)
+def prune_decisions() -> dict:
+    """Delete decisions last made longer than ``decision_retention`` ago (beat, hourly).
+
+    No lease: two beats pruning at once delete the same rows, which is harmless."""
+    rt = runtime()
+    now = rt.clock.now()
+    removed = prune(rt, now)
+    return {"pruned": removed, "before": (now - rt.settings.decision_retention).isoformat()}
 
 
 @shared_task(name="burst.catalog.refresh", ignore_result=False)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from orchestrator.cli.common import fail, load_settings, open_store, out, print_json
 from orchestrator.cli.plan_cmd import render_plan
-from orchestrator.domain.plan import Plan
+from orchestrator.domain.plan import Decision, Plan
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
@@ -33,11 +33,19 @@ def decisions_command(
         print_json([decision_to_jsonable(d) for d in found])
         return
     table = Table(title="decisions (burst explain ID for details)")
-    for col in ("id", "at", "policy", "rule", "summary"):
+    for col in ("id", "at", "policy", "rule", "summary", "repeats"):
         table.add_column(col, overflow="fold")
     for d in found:
-        table.add_row(d.id, d.at.strftime("%Y-%m-%d %H:%M:%S"), d.policy, str(d.rule), d.summary)
+        table.add_row(d.id, d.at.strftime("%Y-%m-%d %H:%M:%S"), d.policy, str(d.rule), d.summary,
+                      _repeats(d))
     out.print(table)
+
+
+def _repeats(decision: Decision) -> str:
+    """How often a stored decision was made in a row, and when last (empty: made once)."""
+    if decision.repeats <= 1:
+        return ""
+    return f"x{decision.repeats}, last {decision.last_seen.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 def explain_command(
@@ -55,6 +63,10 @@ def explain_command(
         print_json(decision_to_jsonable(decision))
         return
     render_plan(Plan(at=decision.at, decisions=(decision,)))
+    if decision.repeats > 1:
+        out.print(f"repeated: made {decision.repeats} ticks in a row, last at "
+                  f"{decision.last_seen.isoformat()} (the inputs shown are the first tick's)",
+                  markup=False)
     if decision.actions:
         out.print("[bold]actions:[/bold]")
         for action in decision.actions:

@@ -126,6 +126,22 @@ class Decision:
     chosen: str | None = None
     held_back_by: tuple[str, ...] = ()
     actions: tuple[str, ...] = ()
+    # Filled by the store, never by the planner: consecutive ticks of the policy that decided the
+    # same (rule, summary, actions) are one stored decision seen ``repeats`` times, the newest at
+    # ``last_seen_at`` (None while it was seen once).
+    repeats: int = 1
+    last_seen_at: datetime | None = None
+
+    @property
+    def last_seen(self) -> datetime:
+        """When this decision was last made (its own time if it was made once)."""
+        return self.last_seen_at or self.at
+
+    def same_as(self, other: Decision) -> bool:
+        """Whether ``other`` decided what this did (what makes a tick a repeat of the last)."""
+        return (self.policy, self.rule, self.summary, self.actions, self.held_back_by,
+                self.chosen) == (other.policy, other.rule, other.summary, other.actions,
+                                 other.held_back_by, other.chosen)
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 
 def decision_to_jsonable(decision: Decision) -> dict[str, Any]:
-    return to_jsonable(decision)
+    """A decision as the CLI and the API serve it: ``repeats`` counts the ticks that decided the
+    same in a row, the latest at ``last_seen_at`` (the decision's own time when made once)."""
+    doc = to_jsonable(decision)
+    doc["last_seen_at"] = to_jsonable(decision.last_seen)
+    return doc
 
 
 __all__ = ["OfferingOption", "SnapshotError", "decision_to_jsonable", "load_snapshot",

@@ -7,6 +7,7 @@ with an offset, always UTC.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
@@ -106,7 +107,17 @@ def decision_to_json(decision: Decision) -> dict[str, Any]:
         "chosen": decision.chosen,
         "held_back_by": list(decision.held_back_by),
         "actions": list(decision.actions),
+        "repeats": decision.repeats,
+        "last_seen_at": _iso(decision.last_seen),
     }
+
+
+def decision_fingerprint(decision: Decision) -> str:
+    """What two decisions share when one repeats the other (see ``Decision.same_as``): a hash
+    the store compares in SQL instead of decoding the last record."""
+    key = [decision.policy, decision.rule.value, decision.summary, list(decision.actions),
+           list(decision.held_back_by), decision.chosen]
+    return hashlib.sha256(json.dumps(key, separators=(",", ":")).encode()).hexdigest()
 
 
 def decision_from_json(obj: Mapping[str, Any]) -> Decision:
@@ -119,10 +130,12 @@ def decision_from_json(obj: Mapping[str, Any]) -> Decision:
     if fmt != DECISION_FORMAT:
         raise ValueError(f"decision document format {fmt} is not supported "
                          f"(want {DECISION_FORMAT})")
+    at = parse_time(obj["at"])
+    last_seen = parse_time(obj["last_seen_at"]) if obj.get("last_seen_at") else at
     return Decision(
         id=str(obj["id"]),
         policy=str(obj["policy"]),
-        at=parse_time(obj["at"]),
+        at=at,
         rule=Rule(obj["rule"]),
         summary=str(obj["summary"]),
         inputs=dict(obj.get("inputs") or {}),
@@ -130,4 +143,6 @@ def decision_from_json(obj: Mapping[str, Any]) -> Decision:
         chosen=obj.get("chosen"),
         held_back_by=tuple(obj.get("held_back_by") or ()),
         actions=tuple(obj.get("actions") or ()),
+        repeats=int(obj.get("repeats") or 1),
+        last_seen_at=last_seen if last_seen != at else None,
     )

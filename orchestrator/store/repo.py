@@ -22,7 +22,12 @@ from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
 from orchestrator.policy.models import Market
 from orchestrator.store import tables as T
 from orchestrator.store.base import require_aware
-from orchestrator.store.codec import decision_from_json, decision_to_json, to_jsonable
+from orchestrator.store.codec import (
+    decision_fingerprint,
+    decision_from_json,
+    decision_to_json,
+    to_jsonable,
+)
 from orchestrator.store.engine import default_sqlite_url
 from orchestrator.store.fencing import Fencing
 from orchestrator.store.jobqueue import JobQueue
@@ -85,6 +90,22 @@ def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
 
 
 _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
+_DECISION_COLUMNS = [T.decisions.c.record, T.decisions.c.repeats, T.decisions.c.last_seen_at]
+
+
+def _stored_record(decision: Decision) -> dict[str, Any]:
+    # repeats and last seen live in their columns, which change; the record never does.
+    record = decision_to_json(decision)
+    del record["repeats"], record["last_seen_at"]
+    return record
+
+
+def _decision_from_row(row: sa.Row[Any]) -> Decision:
+    # The record is the first tick's; how often and until when it was repeated are columns.
+    decision = decision_from_json(row.record)
+    if row.repeats <= 1:
+        return decision
+    return replace(decision, repeats=int(row.repeats), last_seen_at=row.last_seen_at)
 
 
 class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Telemetry,
@@ -210,30 +231,70 @@ class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Tel
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def add_decision(self, decision: Decision) -> None:
-        """Record a decision; adding the same id again is a no-op (re-delivered ticks)."""
-        record = decision_to_json(decision)
-        stmt = self._insert(T.decisions).values(
-            id=decision.id, policy=decision.policy, at=require_aware(decision.at, "decision.at"),
-            rule=decision.rule.value, summary=decision.summary, record=record,
-        ).on_conflict_do_nothing(index_elements=["id"])
+    def add_decision(self, decision: Decision) -> str:
+        """Record a decision and return the id of the stored decision that holds it.
+
+        A decision equal to its policy's latest stored one (``Decision.same_as``) and newer than
+        it is counted on that row (repeats + 1, last seen, last id) instead of adding a row, so a
+        steady queue stores one row, not one per tick. Adding the same id again (a re-delivered
+        tick) is a no-op, whether it was stored as a row or counted as a repeat."""
+        at = require_aware(decision.at, "decision.at")
+        fingerprint = decision_fingerprint(decision)
+        c = T.decisions.c
         with self._write() as conn:
-            conn.execute(stmt)
+            seen = conn.execute(sa.select(c.id).where(
+                sa.or_(c.id == decision.id, c.last_id == decision.id)).limit(1)).scalar()
+            if seen is not None:
+                return str(seen)
+            latest = conn.execute(
+                sa.select(c.id, c.fingerprint, c.last_seen_at).where(c.policy == decision.policy)
+                .order_by(c.last_seen_at.desc(), c.id.desc()).limit(1)).first()
+            if latest is not None and latest.fingerprint == fingerprint and at > latest.last_seen_at:
+                conn.execute(sa.update(T.decisions).where(c.id == latest.id).values(
+                    repeats=c.repeats + 1, last_seen_at=at, last_id=decision.id))
+                return str(latest.id)
+            conn.execute(self._insert(T.decisions).values(
+                id=decision.id, policy=decision.policy, at=at, rule=decision.rule.value,
+                summary=decision.summary, record=_stored_record(decision), repeats=1,
+                last_seen_at=at, last_id=decision.id, fingerprint=fingerprint,
+            ).on_conflict_do_nothing(index_elements=["id"]))
+        return decision.id
 
     def get_decision(self, decision_id: str) -> Decision | None:
+        """The stored decision with this id, or the one that counted it as its latest repeat."""
         c = T.decisions.c
+        query = (sa.select(*_DECISION_COLUMNS)
+                 .where(sa.or_(c.id == decision_id, c.last_id == decision_id))
+                 .order_by((c.id == decision_id).desc()).limit(1))
         with self._read() as conn:
-            record = conn.execute(sa.select(c.record).where(c.id == decision_id)).scalar()
-        return decision_from_json(record) if record is not None else None
+            row = conn.execute(query).first()
+        return _decision_from_row(row) if row is not None else None
 
     def decisions(self, policy: str | None = None, limit: int = 50) -> list[Decision]:
-        """The latest decisions, newest first."""
+        """The latest decisions, newest (last seen) first."""
         c = T.decisions.c
-        query = sa.select(c.record).order_by(c.at.desc(), c.id.desc()).limit(limit)
+        query = (sa.select(*_DECISION_COLUMNS)
+                 .order_by(c.last_seen_at.desc(), c.id.desc()).limit(limit))
         if policy is not None:
             query = query.where(c.policy == policy)
         with self._read() as conn:
-            return [decision_from_json(r) for r in conn.execute(query).scalars()]
+            return [_decision_from_row(r) for r in conn.execute(query)]
+
+    def latest_decisions(self, policies: Iterable[str]) -> dict[str, Decision]:
+        """Each named policy's latest decision (policies that never decided are left out)."""
+        found: dict[str, Decision] = {}
+        for name in policies:
+            latest = self.decisions(policy=name, limit=1)
+            if latest:
+                found[name] = latest[0]
+        return found
+
+    def prune_decisions(self, before: datetime) -> int:
+        """Delete decisions last seen before ``before`` (retention); returns how many rows went."""
+        c = T.decisions.c
+        with self._write() as conn:
+            return int(conn.execute(sa.delete(T.decisions).where(
+                c.last_seen_at < require_aware(before, "before"))).rowcount or 0)
 
     # -- planner memory ------------------------------------------------------------------------
 

@@ -128,9 +128,14 @@ class NodeEventRow(Base):
 
 
 class DecisionRow(Base):
-    """One planner decision; ``record`` holds the whole Decision as JSON (see ``codec``)."""
+    """One planner decision; ``record`` holds the whole Decision as JSON (see ``codec``).
+
+    A row stands for ``repeats`` consecutive ticks of its policy that decided the same (equal
+    ``fingerprint``): the first at ``at`` (whose record is kept), the newest at ``last_seen_at``
+    with decision id ``last_id``. So a steady queue adds no row per tick."""
 
     __tablename__ = "decisions"
+    __table_args__ = (sa.Index("ix_decisions_policy_last_seen_at", "policy", "last_seen_at"),)
 
     id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
     policy: Mapped[str] = mapped_column(sa.String(STR_NAME), index=True)
@@ -138,6 +143,10 @@ class DecisionRow(Base):
     rule: Mapped[str] = mapped_column(sa.String(32))
     summary: Mapped[str] = mapped_column(sa.Text)
     record: Mapped[dict[str, Any]]
+    repeats: Mapped[int] = mapped_column(sa.Integer, default=1, server_default="1")
+    last_seen_at: Mapped[datetime]
+    last_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), index=True)
+    fingerprint: Mapped[str | None] = mapped_column(sa.String(64))
 
 
 class PolicyMemoryRow(Base):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,43 @@ def test_decisions_round_trip(store: Store) -> None:
     assert [d.id for d in store.decisions()] == ["d-3", "d-2", "d-1"]
     assert [d.id for d in store.decisions(policy="train")] == ["d-3", "d-1"]
     assert [d.id for d in store.decisions(limit=1)] == ["d-3"]
+
+
+def test_a_repeated_decision_counts_on_its_row_instead_of_adding_one(store: Store) -> None:
+    def steady(i: int, summary: str = "held back: budget vision-day") -> Decision:
+        return Decision(id=f"d-{i}", policy="train", at=T0 + timedelta(seconds=10 * i),
+                        rule=Rule.LIMITED, summary=summary, inputs={"tick": i},
+                        held_back_by=("budgets[vision-day]",))
+
+    assert store.add_decision(steady(1)) == "d-1"
+    assert store.add_decision(steady(2)) == "d-1"  # same rule, summary, actions: counted
+    assert store.add_decision(steady(3)) == "d-1"
+    assert store.add_decision(steady(3)) == "d-1"  # a re-delivered tick counts once
+    assert store.add_decision(make_decision(4, policy="infer")) == "d-4"  # other policy: no effect
+    assert store.add_decision(steady(5)) == "d-1"
+
+    [row, other] = store.decisions()
+    assert (row.id, row.repeats, row.last_seen) == ("d-1", 4, T0 + timedelta(seconds=50))
+    assert row.inputs == {"tick": 1} and row.at == T0 + timedelta(seconds=10)  # the first's record
+    assert other.id == "d-4" and other.repeats == 1 and other.last_seen_at is None
+    assert store.get_decision("d-5") == row  # the latest repeat's id finds its row
+    assert store.get_decision("d-2") is None  # a repeat between first and last keeps no id
+
+    assert store.add_decision(steady(6, "held back: max_nodes")) == "d-6"  # a change: a new row
+    assert store.add_decision(steady(7)) == "d-7"  # back to before: a new row, not d-1's
+    assert [(d.id, d.repeats) for d in store.decisions(policy="train")] == [
+        ("d-7", 1), ("d-6", 1), ("d-1", 4)]
+
+
+def test_prune_decisions_drops_rows_last_seen_before_the_cut(store: Store) -> None:
+    for i in (1, 2, 3):
+        store.add_decision(make_decision(i))
+    old = Decision(id="d-9", policy="infer", at=T0, rule=Rule.NO_DEMAND, summary="idle")
+    store.add_decision(old)
+    store.add_decision(replace(old, id="d-10", at=T0 + timedelta(seconds=30)))  # seen late
+    assert store.prune_decisions(T0 + timedelta(seconds=2, milliseconds=500)) == 2  # d-1, d-2
+    assert [d.id for d in store.decisions()] == ["d-9", "d-3"]
+    assert store.latest_decisions(["train", "infer", "none"]).keys() == {"train", "infer"}
 
 
 def test_memory_upsert(store: Store) -> None:
