@@ -1,7 +1,7 @@
 """Decision repeats: a tick that decides what the previous one did bumps a count, not a row.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 
 Hand-written and frozen like 0001 (no import of the models). Adds to ``decisions``:
 ``repeats`` (ticks the row stands for, 1 for every existing row), ``last_seen_at`` (the newest of
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
-down_revision: str | None = "0006"
+revision: str = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
