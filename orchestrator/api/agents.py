@@ -15,9 +15,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from orchestrator.api.problems import Problem
+from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain
 from orchestrator.fabric.slurm import FabricJoinError
@@ -78,6 +79,10 @@ class FinishIn(BaseModel):
     node_id: NodeIdField
     outcome: str = Field(pattern="^(done|failed|handed-back)$")
     exit_code: int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)
+    # The run id jobs/next handed out: with it, a run that finished while the controller thought
+    # its node gone is still recorded from this report (never re-run). Absent: older agents.
+    attempt: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    ended_at: AwareDatetime | None = None  # when the run ended, by the node's clock
 
 
 def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
@@ -163,6 +168,21 @@ def _refused(result: str) -> Problem:
     return Problem(401, "join refused", detail)
 
 
+_ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
+
+
+def _job_to_stop(runtime: Runtime, node: Node, job_id: str | None) -> str | None:
+    """The job a node runs for nothing: it has ended meanwhile through another node's run (a late
+    report of an earlier run that finished while the controller thought its node gone)."""
+    if job_id is None:
+        return None
+    job = runtime.store.get_job(job_id)
+    if job is None or job.state not in _ENDED or job.node_id == node.id:
+        return None
+    log.info("node %s: telling it to stop job %s, %s by another run", node.id, job_id, job.state)
+    return job_id
+
+
 def router(runtime: Runtime) -> APIRouter:
     api = APIRouter(prefix="/v1/agent", tags=["agent"])
 
@@ -238,6 +258,7 @@ def router(runtime: Runtime) -> APIRouter:
             "deadline": deadline.isoformat() if deadline else None,
             "respect_running_jobs": bool(policy.scale_down.respect_running_jobs if policy else True)
             and node.state is NodeState.DRAINING,
+            "stop_job": _job_to_stop(runtime, node, body.job_id),
         }
 
     @api.post("/jobs/next")
@@ -246,13 +267,18 @@ def router(runtime: Runtime) -> APIRouter:
         job = runtime.queue.claim_for_node(node, min(body.free_gpus, node.gpus), runtime.clock.now())
         if job is None:
             return Response(status_code=204)
-        return {"job": {"id": job.id, "command": job.command, "duration_s": job.duration_s, "gpus": job.gpus}}
+        return {"job": {"id": job.id, "command": job.command, "duration_s": job.duration_s,
+                        "gpus": job.gpus, "attempt": job.attempts}}
 
     @api.post("/jobs/{job_id}/finish")
     def finish(job_id: Annotated[str, PathParam(max_length=128, pattern=ID_PATTERN)], body: FinishIn, authorization: str | None = Header(default=None)) -> dict:
         _authorised(runtime, body.node_id, authorization)
-        accepted = runtime.queue.finish(job_id, body.node_id, body.outcome, body.exit_code,
-                                        runtime.clock.now())
+        now = runtime.clock.now()
+        accepted = runtime.queue.finish(job_id, body.node_id, body.outcome, body.exit_code, now,
+                                        attempt=body.attempt, ended_at=body.ended_at)
+        if body.attempt is not None and not accepted:
+            log.info("job %s: report of run %d from node %s acknowledged, changed nothing "
+                     "(stale or repeated)", job_id, body.attempt, body.node_id)
         return {"accepted": accepted}
 
     return api

@@ -19,14 +19,22 @@ HTTP contract with the controller (JSON bodies; every call after registration ca
   (:mod:`orchestrator.fabric.slurm_node`, :mod:`orchestrator.fabric.torch_node`); ``notice``
   (null: none) where to poll for spot/preemption notices (:mod:`orchestrator.fabric.node_facts`).
 * ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id, fabric_state,
-  notice, drain_report}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs}``;
-  401/403: revoked. ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
+  notice, drain_report}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs,
+  stop_job}``; 401/403: revoked. ``stop_job`` names the running job when it has ended meanwhile
+  through another run (the agent stops it: SIGTERM to its group, then SIGKILL). ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
   of a joined fabric; ``notice`` once a spot notice arrived; ``drain_report`` with ``released``.
 * ``POST /v1/agent/jobs/next`` ``{node_id, free_gpus}``
-  -> 200 ``{job: {id, command, duration_s, gpus}}`` or 204 when there is nothing to run.
-* ``POST /v1/agent/jobs/{id}/finish`` ``{node_id, outcome: done|failed|handed-back, exit_code}``;
-  ``exit_code`` is the command's status (negative: killed by that signal), 0 for a sleep that
-  ran out, null for a sleep handed back. 5xx and no answer are retried; other 4xx drop the report.
+  -> 200 ``{job: {id, command, duration_s, gpus, attempt}}`` or 204 when there is nothing to run.
+* ``POST /v1/agent/jobs/{id}/finish`` ``{node_id, outcome: done|failed|handed-back, exit_code,
+  attempt, ended_at}``; ``exit_code`` is the command's status (negative: killed by that signal),
+  0 for a sleep that ran out, null for a sleep handed back; ``attempt`` the run id ``jobs/next``
+  gave. 5xx and no answer are retried; any other answer acknowledges the report.
+
+Each run's result is written to ``<work dir>/results/`` (atomically) when the run ends and removed
+only when the controller acknowledges it, so it is resent through an outage of any length and
+after a restart of this process; the registration answer is kept in ``<work dir>/session.json``
+(mode 0600), so a restarted agent resumes as the node it was instead of re-sending its spent join
+token (:mod:`orchestrator.fabric.results`).
 
 The controller may be away (restarting, a network cut): the agent rides that out. Its jobs run
 on; heartbeats that get no good answer are retried backing off from the interval, doubling, up to
@@ -74,6 +82,13 @@ from typing import Any
 
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
+from orchestrator.fabric.results import (
+    ResultBox,
+    RunResult,
+    forget_session,
+    load_session,
+    save_session,
+)
 
 
 def _load_contract() -> Any:
@@ -201,6 +216,7 @@ class JobSpec:
     command: str | None
     duration_s: float | None
     gpus: int
+    attempt: int | None = None  # the controller's run id, sent back with the result
 
     @classmethod
     def from_json(cls, job: Any) -> JobSpec:
@@ -212,11 +228,15 @@ class JobSpec:
             raise ValueError("job command is not a string")
         if command is None and duration is None:
             raise ValueError("job has neither a command nor a duration")
+        attempt = job.get("attempt")
+        if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+            raise ValueError("job attempt is not an integer")
         return cls(
             id=str(job["id"]),
             command=command,
             duration_s=None if duration is None else max(float(duration), 0.0),
             gpus=int(job.get("gpus") or 0),
+            attempt=attempt,
         )
 
 
@@ -312,7 +332,10 @@ class Agent:
         self.heartbeat_s = boot.heartbeat_s
         self.job: JobRun | None = None
         self._job_ended = threading.Event()
-        self._unreported: list[dict[str, Any]] = []  # finish reports the controller has not taken
+        # Results of ended runs the controller has not acknowledged: on disk first (so they
+        # survive an outage and a restart of this process), sent oldest first.
+        self.box = ResultBox(work_dir)
+        self._unreported: list[RunResult] = self.box.pending()
         self._signalled: int | None = None
         self._draining = False
         self._respect_running = True
@@ -353,12 +376,16 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        if self.boot.boot_delay_s > 0:
-            log.info("booting (%.1fs)", self.boot.boot_delay_s)
-            if not self._sleep_ignoring_jobs(self.boot.boot_delay_s):
-                log.info("signal %s while booting; exiting", self._signalled)
-                return EXIT_OK
-        code = self._register()
+        session = load_session(self.work_dir, self.boot.node_id)
+        if session is not None:
+            code = self._resume(session)
+        else:
+            if self.boot.boot_delay_s > 0:
+                log.info("booting (%.1fs)", self.boot.boot_delay_s)
+                if not self._sleep_ignoring_jobs(self.boot.boot_delay_s):
+                    log.info("signal %s while booting; exiting", self._signalled)
+                    return EXIT_OK
+            code = self._register()
         if code is not None:
             return code
         try:
@@ -367,6 +394,7 @@ class Agent:
             return self._loop()
         except Revoked as exc:
             log.error("controller revoked this node's credential (%s); stopping", exc)
+            forget_session(self.work_dir)
             if self.job is not None:
                 self.job.stop()
             if self.member is not None:
@@ -375,6 +403,28 @@ class Agent:
         finally:
             if self.notices is not None:
                 self.notices.stop()
+
+    def _keep_session(self, body: dict[str, Any]) -> None:
+        """Keep the registration answer, so a restart of this process resumes as this node."""
+        answer = {**body, "heartbeat_s": self.heartbeat_s}
+        try:
+            save_session(self.work_dir, self.boot.node_id, answer)
+        except OSError as exc:
+            log.warning("could not keep the registration on disk (%s); a restart re-registers", exc)
+
+    def _resume(self, body: dict[str, Any]) -> int | None:
+        """Take up the registration a previous run of this process kept (instead of spending
+        the join token again, which the controller would refuse); None: go on."""
+        self._secrets.append(body["credential"])
+        self.api.credential = body["credential"]
+        try:
+            if body.get("heartbeat_s") is not None and float(body["heartbeat_s"]) > 0:
+                self.heartbeat_s = float(body["heartbeat_s"])
+        except (TypeError, ValueError):
+            pass
+        log.info("resuming as registered before this restart; %d job result(s) to send",
+                 len(self._unreported))
+        return self._setup_fabric(body)
 
     def _sleep_ignoring_jobs(self, seconds: float) -> bool:
         end = time.monotonic() + seconds
@@ -524,6 +574,7 @@ class Agent:
         self._answered()
         if status != "released":
             self._apply_drain(answer.body)
+            self._apply_stop(answer.body.get("stop_job"))
         return answer
 
     def _apply_drain(self, body: dict[str, Any]) -> None:
@@ -541,6 +592,13 @@ class Agent:
         self._deadline = _parse_deadline(body.get("deadline"))
         if self._notice_applied:
             self._apply_notice()  # a spot notice is not the controller's to cancel
+
+    def _apply_stop(self, job_id: Any) -> None:
+        """The controller says the running job ended elsewhere meanwhile: running it on is waste."""
+        if job_id is None or self.job is None or self.job.spec.id != job_id or self.job.ended:
+            return
+        log.warning("controller: job %s has ended through another run; stopping it here", job_id)
+        self.job.stop()
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and datetime.now(UTC) >= self._deadline
@@ -572,14 +630,15 @@ class Agent:
             job_id = raw.get("id") if isinstance(raw, dict) else None
             log.error("controller sent an unusable job %r: %s", job_id, exc)
             if job_id is not None:
-                self._unreported.append(_finish(str(job_id), "failed", None))
+                attempt = raw.get("attempt") if isinstance(raw.get("attempt"), int) else None
+                self._record(_finish(str(job_id), "failed", None, attempt))
             return False
         self._job_ended.clear()
         try:
             self.job = JobRun(spec, self.work_dir, self._job_env(spec), self._job_ended)
         except OSError as exc:
             log.error("could not start job %s: %s", spec.id, exc)
-            self._unreported.append(_finish(spec.id, "failed", None))
+            self._record(_finish(spec.id, "failed", None, spec.attempt))
             return False
         kind = "command" if spec.command is not None else f"sleep {spec.duration_s:.1f}s"
         log.info("running job %s (%s)", spec.id, kind)
@@ -597,7 +656,16 @@ class Agent:
             return
         run, self.job = self.job, None
         log.info("job %s ended: %s (exit code %s)", run.spec.id, run.outcome, run.exit_code)
-        self._unreported.append(_finish(run.spec.id, run.outcome or "failed", run.exit_code))
+        self._record(_finish(run.spec.id, run.outcome or "failed", run.exit_code, run.spec.attempt))
+
+    def _record(self, result: RunResult) -> None:
+        """Keep ``result`` until the controller acknowledges it: on disk, then in the queue."""
+        try:
+            self.box.put(result)
+        except OSError as exc:
+            log.error("could not write the result of job %s to disk (%s); kept in memory",
+                      result.job_id, exc)
+        self._unreported.append(result)
 
     def _flush_reports(self, *, timeout_s: float = HEARTBEAT_REQUEST_TIMEOUT_S,
                        force: bool = False) -> None:
@@ -610,24 +678,19 @@ class Agent:
             return
         while self._unreported:
             report = self._unreported[0]
-            path = f"/v1/agent/jobs/{urllib.parse.quote(report['job_id'], safe='')}/finish"
-            body = {
-                "node_id": self.boot.node_id,
-                "outcome": report["outcome"],
-                "exit_code": report["exit_code"],
-            }
+            path = f"/v1/agent/jobs/{urllib.parse.quote(report.job_id, safe='')}/finish"
             try:
-                answer = self.api.post(path, body, timeout_s=timeout_s)
+                answer = self.api.post(path, report.body(self.boot.node_id), timeout_s=timeout_s)
             except Unreachable as exc:
                 self._report_failed()
-                log.warning("reporting job %s failed (%s); will retry", report["job_id"], exc)
+                log.warning("reporting job %s failed (%s); will retry", report.job_id, exc)
                 return
             if answer.status in (401, 403):
                 raise Revoked(f"finish HTTP {answer.status}")
             if answer.status >= 500:
                 self._report_failed()
                 log.warning(
-                    "reporting job %s answered HTTP %d; will retry", report["job_id"], answer.status
+                    "reporting job %s answered HTTP %d; will retry", report.job_id, answer.status
                 )
                 return
             self._report_failures = 0
@@ -635,10 +698,11 @@ class Agent:
                 # The controller no longer knows the job (requeued, cancelled): nothing to retry.
                 log.warning(
                     "controller rejected the report of job %s (HTTP %d)",
-                    report["job_id"],
+                    report.job_id,
                     answer.status,
                 )
             self._unreported.pop(0)
+            self.box.ack(report)
 
     def _report_failed(self) -> None:
         self._report_failures += 1
@@ -651,9 +715,11 @@ class Agent:
             self._flush_reports(force=True)
             if not self._unreported and self._heartbeat("released") is not None:
                 log.info("released; exiting")
+                forget_session(self.work_dir)
                 return EXIT_OK
             if self._signalled is not None or time.monotonic() >= give_up_at:
                 log.warning("could not confirm the release with the controller; exiting anyway")
+                forget_session(self.work_dir)
                 return EXIT_OK
             self._sleep_ignoring_jobs(min(self.heartbeat_s, 1.0))
 
@@ -675,6 +741,7 @@ class Agent:
 
     def _setup_fabric(self, body: dict[str, Any]) -> int | None:
         """Start the joined fabric's member and the notice watcher from the registration answer."""
+        self._keep_session(body)
         notice = body.get("notice")
         if isinstance(notice, dict) and notice.get("url"):
             url = (str(notice["url"]).replace("{node_id}", self.boot.node_id)
@@ -759,8 +826,9 @@ def _make_member(spec: dict[str, Any], work_dir: Path) -> Any:
     raise ValueError(f"unknown fabric kind {kind!r} (this agent joins slurm and torch-elastic)")
 
 
-def _finish(job_id: str, outcome: str, exit_code: int | None) -> dict[str, Any]:
-    return {"job_id": job_id, "outcome": outcome, "exit_code": exit_code}
+def _finish(job_id: str, outcome: str, exit_code: int | None, attempt: int | None) -> RunResult:
+    return RunResult(job_id=job_id, outcome=outcome, exit_code=exit_code,
+                     ended_at=datetime.now(UTC).isoformat(), attempt=attempt)
 
 
 def _parse_deadline(value: Any) -> datetime | None:

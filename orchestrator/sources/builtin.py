@@ -28,7 +28,7 @@ from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.planner.demand import Bins, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
-from orchestrator.store.jobruns import RunOutcome
+from orchestrator.store.jobruns import RunOutcome, builtin_run_key
 
 ONPREM_PREFIX = "onprem"
 
@@ -150,15 +150,53 @@ class BuiltinQueue:
                     return record
         return None
 
-    def finish(self, job_id: str, node_id: str, outcome: str, exit_code: int | None, now: datetime) -> bool:
-        """Record what a node reported about a job: done, failed, or handed back to the queue."""
+    def finish(self, job_id: str, node_id: str, outcome: str, exit_code: int | None,
+               now: datetime, attempt: int | None = None,
+               ended_at: datetime | None = None) -> bool:
+        """Record what a node reported about a job: done, failed, or handed back to the queue.
+
+        ``attempt`` (the run id ``jobs/next`` handed out) lets a late report count: a run that
+        finished while the controller thought its node gone is recorded from the node's report
+        (see :meth:`_settle_late`), as ended at ``ended_at`` (the node's clock, kept between the
+        run's start and ``now``). False: the report changed nothing (stale or repeated).
+        """
         job = self.store.get_job(job_id)
-        if job is None or job.state is not JobState.RUNNING or job.node_id != node_id:
+        if job is None:
+            return False
+        if attempt is not None and not (job.state is JobState.RUNNING and job.attempts == attempt):
+            return self._settle_late(job, node_id, outcome, exit_code, now, attempt, ended_at)
+        if job.state is not JobState.RUNNING or job.node_id != node_id:
             return False  # a stale or duplicate report: the job moved on already
         if outcome == "handed-back":
             return self.store.requeue_job(job, now, RunOutcome.HANDED_BACK) is not None
         state = JobState.DONE if outcome == "done" else JobState.FAILED
         return self.store.finish_job(job, state=state, exit_code=exit_code, at=now) is not None
+
+    def _settle_late(self, job: JobRecord, node_id: str, outcome: str, exit_code: int | None,
+                     now: datetime, attempt: int, ended_at: datetime | None = None) -> bool:
+        """A report of run ``attempt``, which the job has left (its node was declared gone).
+
+        The job was put back in the queue, and may be running again as a later attempt. A run
+        that succeeded is never re-run: "done" ends the job, whatever later attempt is under way
+        (that one is superseded; its node is told to stop it). A failure ends the job only if no
+        later attempt started (the job is waiting to be re-run after exactly that run); a
+        hand-back, a report of a run that was not on ``node_id``, or of a job already ended,
+        changes nothing.
+        """
+        if outcome not in ("done", "failed") or attempt > job.attempts:
+            return False
+        if job.state not in (JobState.PENDING, JobState.RUNNING):
+            return False  # ended already (by another attempt, or cancelled)
+        if outcome == "failed" and not (job.state is JobState.PENDING and job.attempts == attempt):
+            return False
+        run = self.store.job_run(builtin_run_key(job.id, attempt))
+        if run is None or run.node_id != node_id:
+            return False
+        state = JobState.DONE if outcome == "done" else JobState.FAILED
+        at = now if ended_at is None else max(min(ended_at, now), run.started_at)
+        with self._lock:
+            return self.store.settle_late_run(job, run, attempt, state=state,
+                                              exit_code=exit_code, at=at) is not None
 
     def release_node(self, node_id: str, now: datetime) -> int:
         """Put every job still running on a node that is gone back in the queue."""

@@ -22,7 +22,14 @@ import sqlalchemy as sa
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
-from orchestrator.store.jobruns import JobRun, RunOutcome, builtin_run_key, close_run, open_run
+from orchestrator.store.jobruns import (
+    JobRun,
+    RunOutcome,
+    amend_presumed_end,
+    builtin_run_key,
+    close_run,
+    open_run,
+)
 from orchestrator.store.records import JobRecord
 
 JOB_ID_PREFIX = "j-"
@@ -173,6 +180,41 @@ class JobQueue(StoreBase):
         new = replace(job, state=state, exit_code=exit_code, finished_at=at,
                       version=job.version + 1)
         return self._cas_job(job, JobState.RUNNING, new, ended=(at, state.value))
+
+    def settle_late_run(
+        self, job: JobRecord, run: JobRun, attempt: int, *, state: JobState,
+        exit_code: int | None, at: datetime,
+    ) -> JobRecord | None:
+        """End ``job`` as done or failed from the late report of its earlier run ``run``.
+
+        The run (attempt ``attempt``, on ``run.node_id``) finished while the controller thought
+        its node gone, so the job was put back: PENDING, or RUNNING again as a later attempt.
+        In one transaction: the job ends (compare-and-set on its version and state), the run's
+        presumed end (node-gone) becomes the reported one, and a later attempt still running is
+        closed as superseded. None if the job changed first.
+        """
+        state = JobState(state)
+        if state not in _FINAL_STATES:
+            raise ValueError(f"settle_late_run ends a job as done or failed, not {state}")
+        if job.state not in (JobState.PENDING, JobState.RUNNING):
+            return None
+        require_aware(at, "at")
+        new = replace(job, state=state, placement=Placement.BURST, node_id=run.node_id,
+                      started_at=run.started_at, exit_code=exit_code, finished_at=at,
+                      version=job.version + 1)
+        values = _job_values(new)
+        del values["id"]
+        c = T.jobs.c
+        stmt = (sa.update(T.jobs)
+                .where(c.id == job.id, c.version == job.version, c.state == job.state.value)
+                .values(**values))
+        with self._write() as conn:
+            if conn.execute(stmt).rowcount != 1:
+                return None
+            amend_presumed_end(conn, builtin_run_key(job.id, attempt), state.value)
+            if job.state is JobState.RUNNING and _on_burst_node(job):
+                close_run(conn, builtin_run_key(job.id, job.attempts), at, RunOutcome.SUPERSEDED)
+        return new
 
     def requeue_job(self, job: JobRecord, at: datetime,
                     outcome: str = RunOutcome.REQUEUED) -> JobRecord | None:

@@ -51,6 +51,12 @@ class RunOutcome(StrEnum):
     NODE_GONE = "node-gone"  # the node went away with the job on it
     REQUEUED = "requeued"  # put back in the queue for another reason
     GONE = "gone"  # an observed run no longer seen, its end not reported
+    SUPERSEDED = "superseded"  # another run of the job reported it finished meanwhile
+
+
+#: Ends recorded for a run by the controller, not by its node: a late report from the node (it
+#: finished while the controller thought it gone) replaces them with the node's own outcome.
+PRESUMED_ENDS = (RunOutcome.NODE_GONE.value, RunOutcome.REQUEUED.value, RunOutcome.GONE.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,15 @@ def close_run(conn: Connection, run_key: str, at: datetime, outcome: str) -> boo
     return conn.execute(stmt).rowcount == 1
 
 
+def amend_presumed_end(conn: Connection, run_key: str, outcome: str) -> bool:
+    """Replace the presumed end (node-gone, ...) of closed run ``run_key`` with ``outcome``, the
+    end its node reported late; its end time is kept. False if the run has no presumed end."""
+    stmt = (sa.update(T.job_runs)
+            .where(_r.run_key == run_key, _r.ended_at.is_not(None), _r.outcome.in_(PRESUMED_ENDS))
+            .values(outcome=outcome))
+    return conn.execute(stmt).rowcount == 1
+
+
 def run_usages(conn: Connection, node_ids: Collection[str], since: datetime | None = None
                ) -> dict[str, list[JobUsage]]:
     """Per node, the runs on it (every source) still running at ``since`` or started after it
@@ -150,6 +165,11 @@ class JobRuns(StoreBase):
             query = query.where(_r.source == RunSource(source).value)
         with self._read() as conn:
             return [_run_from_row(r) for r in conn.execute(query)]
+
+    def job_run(self, run_key: str) -> JobRun | None:
+        with self._read() as conn:
+            row = conn.execute(sa.select(T.job_runs).where(_r.run_key == run_key)).first()
+        return _run_from_row(row) if row is not None else None
 
     def observe_slurm_runs(self, scope: str, observed: Iterable[JobRun], now: datetime
                            ) -> tuple[int, int]:
@@ -192,6 +212,6 @@ class JobRuns(StoreBase):
 
 
 __all__ = [
-    "JobRun", "JobRuns", "RunOutcome", "RunSource", "builtin_run_key", "close_run", "open_run",
-    "run_usages", "slurm_run_key",
+    "PRESUMED_ENDS", "JobRun", "JobRuns", "RunOutcome", "RunSource", "amend_presumed_end",
+    "builtin_run_key", "close_run", "open_run", "run_usages", "slurm_run_key",
 ]

@@ -58,6 +58,7 @@ class Controller:
         }
         self.calls: list[Call] = []
         self.finished: dict[str, dict[str, Any]] = {}
+        self.ended_at: dict[str, datetime] = {}
 
     def answer(self, path: str, auth: str | None, body: dict[str, Any]) -> tuple[int, Any]:
         with self.lock:
@@ -80,8 +81,11 @@ class Controller:
                     return 204, None
                 return 200, {"job": self.jobs.popleft()}
             if path.startswith("/v1/agent/jobs/") and path.endswith("/finish"):
-                self.finished[path.split("/")[4]] = body
-                return 200, {}
+                # ended_at (the node's clock) is checked on its own: the rest compares exactly.
+                self.ended_at[path.split("/")[4]] = datetime.fromisoformat(body["ended_at"])
+                self.finished[path.split("/")[4]] = {
+                    k: v for k, v in body.items() if k != "ended_at"}
+                return 200, {"accepted": True}
             return 404, {"detail": "no such endpoint"}
 
     def of(self, path: str) -> list[Call]:
