@@ -6,6 +6,9 @@
 * ``/healthz``, ``/readyz`` and ``/metrics``;
 * ``/openapi.json``. Every error is an RFC 9457 problem document (:mod:`orchestrator.api.problems`).
 
+Every request body is size-limited and the anonymous agent route rate-limited per source
+(:mod:`orchestrator.api.limits`).
+
 The routes are documented, with curl examples, in docs/api.md.
 """
 
@@ -14,11 +17,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from orchestrator.api import agents, health, problems, reports, v1
+from orchestrator.api.limits import BodyLimit, Rate, RateLimit
 from orchestrator.wiring import Runtime
 
 
-def create_app(runtime: Runtime) -> FastAPI:
-    """The API application over a wired runtime."""
+def create_app(runtime: Runtime, *, register_rate: Rate = Rate()) -> FastAPI:
+    """The API application over a wired runtime; ``register_rate``: the per-source token
+    bucket of anonymous agent registrations."""
     app = FastAPI(title="burst controller", version="0.1.0",
                   description="burst's controller API: node agents, cost reports, budgets, "
                               "nodes, decisions and the built-in queue. See docs/api.md.")
@@ -28,4 +33,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(v1.router(runtime))
     app.include_router(reports.router(runtime))
     app.include_router(health.router(runtime))
+    # The last added runs first: a flooding source is refused before its body is read.
+    app.add_middleware(BodyLimit)
+    app.add_middleware(RateLimit, rate=register_rate)
     return app
