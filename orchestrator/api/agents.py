@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # Ids the controller hands out (node and job ids) and free text an agent reports: bounded, and no
 # control characters, so nothing a node sends can reach the database as a value it refuses (a NUL
 # byte in PostgreSQL text) or as an integer past 64 bits: such a request is a 422, never a 500.
+# The bodies are strict: a number is a JSON number, never a string or a boolean.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 NodeIdField = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 JobIdField = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
@@ -46,7 +47,7 @@ def _text(max_length: int):
 
 
 class RegisterIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
     join_token: str = Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
     gpus: int = Field(ge=0, le=4096, default=0)
@@ -58,7 +59,7 @@ class RegisterIn(BaseModel):
 
 
 class HeartbeatIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
     status: str = Field(pattern="^(idle|busy|released)$")
     job_id: JobIdField | None = None
@@ -69,13 +70,13 @@ class HeartbeatIn(BaseModel):
 
 
 class NextIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
     free_gpus: int = Field(ge=0, le=4096)
 
 
 class FinishIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
     outcome: str = Field(pattern="^(done|failed|handed-back)$")
     exit_code: int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)

@@ -141,7 +141,7 @@ class QueueOut(BaseModel):
 class JobIn(BaseModel):
     """A job for the built-in queue (the fields of ``burst submit``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "gpus": "1" or true is a 422
 
     project: str = Field(pattern=PROJECT_RE.pattern, description="Project the job belongs to.")
     gpus: int = Field(ge=1, le=MAX_GPUS, description="GPUs the job needs.")

@@ -7,12 +7,18 @@ rejected, and errors name the file and the path of the bad value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields, is_dataclass
+from datetime import datetime
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from orchestrator.policy import bounds
+from orchestrator.policy.reading import InputError, InputKind, load_json, read_input
+from orchestrator.policy.timefmt import TimeFormatError, require_aware
+from orchestrator.policy.units import MAX_DURATION_S
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
@@ -54,61 +60,120 @@ def snapshot_json_schema() -> dict[str, Any]:
 
 
 def load_snapshot_text(text: str, file: str = "<snapshot>") -> Snapshot:
+    """Validate snapshot JSON text; :class:`SnapshotError` lists every problem, never a traceback.
+
+    The text is read within the input limits (:mod:`orchestrator.policy.reading`), validated
+    strictly (``"gpus": "1"`` is not a number), then every time is checked for a timezone and
+    every number and name against :mod:`orchestrator.policy.bounds`.
+    """
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SnapshotError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+        load_json(text, file)  # the limits: depth, number length, NUL, NaN
+    except InputError as exc:
+        raise SnapshotError(str(exc)) from None
     try:
-        snapshot = _SNAPSHOT.validate_python(data)
+        snapshot = _SNAPSHOT.validate_json(text, strict=True)
     except ValidationError as exc:
         lines = []
         for error in exc.errors(include_url=False):
             path = ".".join(str(p) for p in error["loc"]) or "<snapshot>"
             lines.append(f"{file}: {path}: {error['msg']}")
         raise SnapshotError("\n".join(lines)) from None
-    for name, moment in _times(snapshot):
-        if moment.tzinfo is None:
-            raise SnapshotError(f"{file}: {name}: times need a timezone (e.g. 2026-11-30T03:00:00Z)")
-    short = [f"{file}: {name}: must be at least 1, got {gpus}" for name, gpus in _gpu_counts(snapshot)
-             if gpus < 1]
-    if short:  # a job of no GPUs is no GPU demand; the planner's packing divides by widths
-        raise SnapshotError("\n".join(short))
+    except ValueError as exc:  # pragma: no cover - load_json refused the text already
+        raise SnapshotError(f"{file}: invalid JSON: {exc}") from None
+    problems = [f"{file}: {path}: {message}" for path, message in _check(snapshot, "")]
+    if problems:
+        raise SnapshotError("\n".join(problems))
     return snapshot
 
 
-def _gpu_counts(snapshot: Snapshot):
-    for pool, queue in snapshot.queues.items():
-        for i, job in enumerate(queue.pending):
-            yield f"queues.{pool}.pending.{i}.gpus", job.gpus
-        for i, release in enumerate(queue.onprem_releases):
-            yield f"queues.{pool}.onprem_releases.{i}.gpus", release.gpus
+# Bounds of the numbers of a snapshot, by (class, field): (least, most). GPU counts of jobs and
+# releases are at least 1: a job of no GPUs is no GPU demand, and the planner's packing divides
+# by widths.
+_BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
+    (Job, "gpus"): (1, bounds.MAX_JOB_GPUS),
+    (Job, "priority"): (-bounds.MAX_PRIORITY, bounds.MAX_PRIORITY),
+    (Job, "duration_s"): (0, MAX_DURATION_S),
+    (OnPremRelease, "gpus"): (1, bounds.MAX_JOB_GPUS),
+    (OnPremState, "total_gpus"): (0, bounds.MAX_POOL_GPUS),
+    (OnPremState, "free_gpus"): (0, bounds.MAX_POOL_GPUS),
+    (OnPremState, "free_per_node"): (0, bounds.MAX_GPUS_PER_NODE),
+    (PoolQueue, "running_onprem_jobs"): (0, bounds.MAX_COUNT),
+    (PoolQueue, "running_burst_jobs"): (0, bounds.MAX_COUNT),
+    (Node, "gpus"): (0, bounds.MAX_GPUS_PER_NODE),
+    (Node, "gpus_busy"): (0, bounds.MAX_GPUS_PER_NODE),
+    (Node, "price_usd_hour"): (0, bounds.MAX_PRICE_USD_HOUR),
+    (Node, "running_jobs"): (0, bounds.MAX_COUNT),
+    (Node, "launch_attempts"): (0, bounds.MAX_COUNT),
+    (Node, "version"): (0, 2**63 - 1),
+    (Node, "budget_commit_usd"): (0, bounds.MAX_USD),
+    (Offering, "gpus"): (1, bounds.MAX_GPUS_PER_NODE),
+    (Offering, "price_usd_hour"): (0, bounds.MAX_PRICE_USD_HOUR),
+    (Offering, "vcpus"): (0, bounds.MAX_COUNT),
+    (Offering, "memory_gib"): (0, bounds.MAX_COUNT),
+    (BillingRule, "minimum_s"): (0, 86_400),
+    (BillingRule, "increment_s"): (1, 86_400),
+    (PrewarmRequest, "gpus"): (1, bounds.MAX_POOL_GPUS),
+    (BudgetSpend, "spent_usd"): (0, bounds.MAX_USD),
+    (BudgetSpend, "burn_usd_hour"): (0, bounds.MAX_USD),
+}
+_CLOUD_NAMES = {"region", "zone", "instance_type"}
+_TEXT = {"gpu_model", "reason"}  # free text; every other string is an identifier
 
 
-def _times(snapshot: Snapshot):
-    yield "taken_at", snapshot.taken_at
-    for pool, queue in snapshot.queues.items():
-        for i, job in enumerate(queue.pending):
-            yield f"queues.{pool}.pending.{i}.submitted_at", job.submitted_at
-        for i, release in enumerate(queue.onprem_releases):
-            yield f"queues.{pool}.onprem_releases.{i}.ends_at", release.ends_at
-    for i, node in enumerate(snapshot.nodes):
-        yield f"nodes.{i}.state_since", node.state_since
-    for pool, request in snapshot.prewarm.items():
-        yield f"prewarm.{pool}.until", request.until
-    for key, spend in snapshot.budget_spend.items():
-        for name in ("window_start", "window_end"):
-            moment = getattr(spend, name)
-            if moment is not None:
-                yield f"budget_spend.{key}.{name}", moment
+def _check(value: Any, path: str):
+    """(path, message) of every time without a timezone, number out of bounds and unsafe name."""
+    if is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            yield from _check_field(type(value), f.name, getattr(value, f.name),
+                                    f"{path}.{f.name}" if path else f.name)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if isinstance(key, str) and (message := bounds.name_problem(key, bounds.ID_RE)):
+                yield f"{where} (key)", message
+            yield from _check(item, where)
+    elif isinstance(value, (tuple, list, frozenset)):
+        for index, item in enumerate(sorted(value) if isinstance(value, frozenset) else value):
+            yield from _check(item, f"{path}.{index}")
+
+
+def _check_field(cls: type, name: str, value: Any, path: str):
+    if isinstance(value, datetime):
+        try:
+            require_aware(value, path)
+        except TimeFormatError as exc:
+            yield path, str(exc).removeprefix(f"{path}: ")
+        return
+    limits = _BOUNDS.get((cls, name))
+    if limits is not None:
+        items = value if isinstance(value, tuple) else (value,)
+        for index, number in enumerate(items):
+            if number is None or limits[0] <= number <= limits[1]:
+                continue
+            where = f"{path}.{index}" if isinstance(value, tuple) else path
+            if number < limits[0]:
+                yield where, f"must be at least {limits[0]:g}, got {number}"
+            else:
+                yield where, f"must be at most {limits[1]:g}, got {number}"
+        return
+    if isinstance(value, str) and not isinstance(value, Enum):
+        pattern = (bounds.CLOUD_NAME_RE if name in _CLOUD_NAMES
+                   else bounds.TEXT_RE if name in _TEXT else bounds.ID_RE)
+        if name in _TEXT and value == "":
+            return
+        if message := bounds.name_problem(value, pattern):
+            yield path, message
+        return
+    yield from _check(value, path)
 
 
 def load_snapshot(path: str | Path) -> Snapshot:
-    path = Path(path)
+    """Load one snapshot file within the input limits; :class:`SnapshotError` names the file."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SnapshotError(f"{path}: cannot read: {exc.strerror}") from None
-    return load_snapshot_text(text, str(path))
+        text = read_input(path, InputKind.SNAPSHOT)
+    except InputError as exc:
+        raise SnapshotError(str(exc)) from None
+    return load_snapshot_text(text, str(Path(path)))
 
 
 def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:

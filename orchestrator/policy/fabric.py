@@ -16,9 +16,10 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from orchestrator.policy.base import PolicyModel, field_problem
+from orchestrator.policy.bounds import MAX_NODES
 from orchestrator.policy.units import Duration
 
-SLURM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(\[[0-9]+-[0-9]+\])?$"
+SLURM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}(\[[0-9]{1,9}-[0-9]{1,9}\])?$"
 SIGNAL_PATTERN = r"^[A-Z][A-Z0-9]*$"
 
 
@@ -87,6 +88,16 @@ class SlurmFabric(PolicyModel):
         for index, name in enumerate(self.slots):
             if not re.match(SLURM_NAME_PATTERN, name):
                 raise field_problem(f"slots[{index}]", f"{name!r} is not a node name or name-[a-b]")
+        total = 0
+        for index, name in enumerate(self.slots):
+            if name.endswith("]") and "[" in name:
+                first, last = (int(x) for x in name[:-1].split("[", 1)[1].split("-"))
+                total += max(last - first + 1, 0)
+            else:
+                total += 1
+            if total > MAX_NODES:  # checked before slot_names() expands the ranges
+                raise field_problem(f"slots[{index}]", f"the slots name more than {MAX_NODES} "
+                                    "nodes")
         if self.join is SlurmJoinMode.SLOT and not self.slots:
             raise field_problem("slots", "join: slot needs the slot names (e.g. burst-[1-4])")
         if self.checkpoint_wait < timedelta(0):

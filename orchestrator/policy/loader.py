@@ -12,14 +12,34 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from orchestrator.policy.base import NAME_PATTERN
+from orchestrator.policy.bounds import (
+    CLOUD_NAME_PATTERN,
+    CLOUD_NAME_RE,
+    TEXT_PATTERN,
+    TEXT_RE,
+    name_problem,
+)
 from orchestrator.policy.models import Policy
+from orchestrator.policy.reading import (
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_NUMBER_CHARS,
+    InputError,
+    InputKind,
+    check_text,
+    position,
+    read_input,
+)
 
 Loc = tuple[str | int, ...]
 
@@ -46,8 +66,26 @@ class PolicyError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
+class _TooDeep(yaml.MarkedYAMLError):
+    """Nesting past MAX_DEPTH, raised while composing (PyYAML's composer recurses per level)."""
+
+
 class _PlainLoader(yaml.SafeLoader):
-    """SafeLoader without the timestamp resolver: dates stay strings."""
+    """SafeLoader without the timestamp resolver (dates stay strings), composing within
+    MAX_DEPTH levels of nesting so that a deep document is an error, not a RecursionError."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _TooDeep(problem=f"nested deeper than {MAX_DEPTH} levels",
+                               problem_mark=mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _PlainLoader.yaml_implicit_resolvers = {
@@ -76,6 +114,10 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_SAFE_PATTERNS = {CLOUD_NAME_PATTERN: CLOUD_NAME_RE, TEXT_PATTERN: TEXT_RE}
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+# Control characters no policy value needs (tab and newline are fine in text).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 @dataclass(slots=True)
@@ -88,8 +130,20 @@ class _Composer:
     problems: list[tuple[Loc, str, tuple[int, int] | None]]
     # Locations whose value could not be built; validation errors at or below them are noise.
     broken: set[Loc]
+    # Values built so far, aliases expanded (one counter shared with merged sub-composers).
+    count: list[int] = field(default_factory=lambda: [0])
 
     def data(self, node: yaml.Node, loc: Loc, active: frozenset[int] = frozenset()) -> Any:
+        self.count[0] += 1
+        if self.count[0] > MAX_NODES:  # aliases expanding into a huge document
+            if self.count[0] == MAX_NODES + 1:
+                self._fail(loc, f"expands to more than {MAX_NODES} values (YAML aliases?)",
+                           _mark(node))
+            self.broken.add(loc)
+            return None
+        if len(loc) > MAX_DEPTH:  # aliases nesting into each other past the limit
+            self._fail(loc[:MAX_DEPTH], f"nested deeper than {MAX_DEPTH} levels", _mark(node))
+            return None
         if id(node) in active:  # an alias that refers to one of its own ancestors
             self._fail(loc, "recursive YAML alias")
             return None
@@ -109,12 +163,29 @@ class _Composer:
         self.broken.add(loc)
 
     def _scalar(self, node: yaml.Node, loc: Loc) -> Any:
+        if node.tag in _NUMBER_TAGS and len(str(node.value)) > MAX_NUMBER_CHARS:
+            self._fail(loc, f"number longer than {MAX_NUMBER_CHARS} characters", _mark(node))
+            return None
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:  # unknown tag such as !foo or !!python/object
             reason = getattr(exc, "problem", None) or exc
             self._fail(loc, f"unsupported YAML value: {reason}", _mark(node))
             return None
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. !!int on a bad literal
+            self._fail(loc, f"unsupported YAML value: {exc}", _mark(node))
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            self._fail(loc, f"{node.value!r} is not a finite number", _mark(node))
+            return None
+        if isinstance(value, str) and (bad := _CONTROL.search(value)):
+            self._fail(loc, f"control character {bad.group()!r} at character {bad.start()} of "
+                       "the value (write names and text without them)", _mark(node))
+            return None
+        if isinstance(value, bytes):  # !!binary
+            self._fail(loc, "unsupported YAML value: binary data", _mark(node))
+            return None
+        return value
 
     def _mapping(self, node: yaml.MappingNode, loc: Loc, active: frozenset[int]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -146,7 +217,7 @@ class _Composer:
                     message = "'<<' merges a mapping or a list of mappings"
                     self.problems.append((loc + ("<<",), message, _mark(source)))
                     continue
-                inner = _Composer(self.loader, {}, self.problems, self.broken)
+                inner = _Composer(self.loader, {}, self.problems, self.broken, self.count)
                 merged = inner.data(source, loc, active)
                 for key, value in (merged or {}).items():
                     if key in result:
@@ -173,16 +244,23 @@ def _parse(text: str, file: str) -> tuple[Any, _Positions, list[Problem], set[Lo
 
     A syntax error still raises PolicyError at once: nothing after it can be trusted.
     """
-    loader = _PlainLoader(text)
+    loader = None
     try:
+        loader = _PlainLoader(text)  # its reader checks every character at once
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         message = f"invalid YAML: {_yaml_error_message(exc)}"
+        if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow
+            line, column = position(text, exc.position)
+            offset = len(text[: exc.position].encode("utf-8"))
+            message = (f"invalid YAML: character {chr(exc.character)!r} is not allowed (byte "
+                       f"offset {offset})") if isinstance(exc.character, int) else message
         raise PolicyError([Problem(file, line, column, "<yaml>", message)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     marks: dict[Loc, tuple[int, int]] = {(): (1, 1)}
     if node is None:
         return None, _Positions(marks), [], set()
@@ -267,9 +345,12 @@ def _messages(error: dict[str, Any], model: type[BaseModel]) -> list[tuple[Loc, 
         return [(loc, f"unknown key {key!r}{suffix}")]
     if kind == "missing":
         return [(loc, "required key is missing")]
-    if kind == "string_pattern_mismatch" and "a-z0-9" in str(error.get("ctx", {}).get("pattern")):
+    pattern = str(error.get("ctx", {}).get("pattern"))
+    if kind == "string_pattern_mismatch" and pattern == NAME_PATTERN:
         return [(loc, f"{error.get('input')!r} is not a valid name: use lower-case letters, "
                       "digits and '-' (at most 63)")]
+    if kind == "string_pattern_mismatch" and pattern in _SAFE_PATTERNS:
+        return [(loc, str(name_problem(str(error.get("input")), _SAFE_PATTERNS[pattern])))]
     message = str(error["msg"])
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
@@ -289,6 +370,10 @@ def _messages(error: dict[str, Any], model: type[BaseModel]) -> list[tuple[Loc, 
 
 def load_policy_text(text: str, file: str = "<policy>") -> Policy:
     """Validate policy YAML text; raise PolicyError listing every problem."""
+    try:
+        check_text(text, file)
+    except InputError as exc:
+        raise PolicyError([Problem(file, exc.line, exc.column, "<file>", exc.message)]) from None
     data, positions, problems, broken = _parse(text, file)
     if not isinstance(data, dict):
         if problems:
@@ -315,12 +400,7 @@ def load_policy(path: str | Path) -> Policy:
     """Load and validate one policy file; raise PolicyError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise PolicyError([Problem(str(path), 1, 1, "<file>", f"cannot read: {reason}")]) from None
-    except UnicodeDecodeError as exc:
-        line = exc.object[: exc.start].count(b"\n") + 1
-        message = f"cannot read: not UTF-8 text (byte {exc.object[exc.start]:#04x})"
-        raise PolicyError([Problem(str(path), line, 1, "<file>", message)]) from None
+        text = read_input(path, InputKind.POLICY)
+    except InputError as exc:
+        raise PolicyError([Problem(exc.file, exc.line, exc.column, "<file>", exc.message)]) from None
     return load_policy_text(text, str(path))

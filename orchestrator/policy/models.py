@@ -20,7 +20,17 @@ from pydantic import AwareDatetime, Field, model_validator
 
 from orchestrator.policy.units import Duration, Money
 
-from orchestrator.policy.base import Name, PolicyModel, field_problem
+from orchestrator.policy.base import CloudName, Name, PolicyModel, Text, field_problem
+from orchestrator.policy.bounds import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_PERCENT,
+    MAX_POOL_GPUS,
+    MAX_PRICE_USD_HOUR,
+    MAX_PRIORITY,
+    MAX_USD,
+    MAX_WEIGHT,
+)
 from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.providers import ProviderSettings
 
@@ -59,8 +69,8 @@ class TriggerCombine(StrEnum):
 class OnPrem(PolicyModel):
     """The on-prem capacity of the pool: what is used before any cloud node."""
 
-    nodes: int = Field(ge=0, description="Number of on-prem GPU nodes in the pool.")
-    gpus_per_node: int = Field(ge=1, description="GPUs in each on-prem node.")
+    nodes: int = Field(ge=0, le=MAX_NODES, description="Number of on-prem GPU nodes in the pool.")
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs in each on-prem node.")
     gpu_hour_usd: Money | None = Field(
         default=None,
         description="Amortised cost of one on-prem GPU-hour, for comparing on-prem and cloud cost.",
@@ -106,7 +116,8 @@ class Trigger(PolicyModel):
     """When bursting starts. Unmet demand is pending GPUs that on-prem free GPUs cannot absorb."""
 
     pending_gpus_above: int = Field(
-        default=0, ge=0, description="Fire when unmet pending GPU demand exceeds this many GPUs."
+        default=0, ge=0, le=MAX_POOL_GPUS,
+        description="Fire when unmet pending GPU demand exceeds this many GPUs."
     )
     oldest_wait_above: Duration = Field(
         default=timedelta(minutes=5),
@@ -140,9 +151,9 @@ class OfferingSpec(PolicyModel):
     """A kind of cloud node the pool may launch. The planner prefers the cheapest that fits."""
 
     provider: ProviderName = Field(description="Provider adapter that launches it.")
-    region: str = Field(min_length=1, description="Provider region, e.g. us-east-1.")
-    zone: str | None = Field(default=None, description="Zone within the region, if pinned.")
-    instance_type: str = Field(min_length=1, description="Provider instance type, e.g. p4d.24xlarge.")
+    region: CloudName = Field(description="Provider region, e.g. us-east-1.")
+    zone: CloudName | None = Field(default=None, description="Zone within the region, if pinned.")
+    instance_type: CloudName = Field(description="Provider instance type, e.g. p4d.24xlarge.")
     market: Market = Field(default=Market.ON_DEMAND, description="spot or on-demand.")
     fallback_on_demand: bool = Field(
         default=False,
@@ -150,17 +161,19 @@ class OfferingSpec(PolicyModel):
         "is out of capacity or costlier.",
     )
     gpus: int | None = Field(
-        default=None, ge=1, description="GPUs per node; taken from the provider catalogue if unset."
+        default=None, ge=1, le=MAX_GPUS_PER_NODE,
+        description="GPUs per node; taken from the provider catalogue if unset."
     )
-    gpu_model: str | None = Field(
+    gpu_model: Text | None = Field(
         default=None, description="GPU model, e.g. A100-80GB; from the catalogue if unset."
     )
     price_usd_hour: Money | None = Field(
-        default=None,
+        default=None, le=MAX_PRICE_USD_HOUR,
         description="Hourly price to plan with; from the provider catalogue if unset.",
     )
     max_nodes: int | None = Field(
-        default=None, ge=0, description="Most nodes of this offering at once (unset: pool limit)."
+        default=None, ge=0, le=MAX_NODES,
+        description="Most nodes of this offering at once (unset: pool limit)."
     )
 
     @model_validator(mode="after")
@@ -178,16 +191,18 @@ class OfferingSpec(PolicyModel):
 class Limits(PolicyModel):
     """Hard limits on burst capacity; the planner never plans past them."""
 
-    min_nodes: int = Field(default=0, ge=0, description="Burst nodes kept even when idle.")
-    max_nodes: int = Field(default=10, ge=0, description="Most burst nodes at once, any state.")
+    min_nodes: int = Field(default=0, ge=0, le=MAX_NODES, description="Burst nodes kept even "
+                           "when idle.")
+    max_nodes: int = Field(default=10, ge=0, le=MAX_NODES, description="Most burst nodes at once, "
+                           "any state.")
     max_concurrent_launches: int = Field(
-        default=4, ge=1, description="Most nodes requested but not yet ready at once."
+        default=4, ge=1, le=MAX_NODES, description="Most nodes requested but not yet ready at once."
     )
     max_hourly_spend_usd: Money | None = Field(
-        default=None, description="Most USD per hour all burst nodes of the pool may cost together."
+        default=None, le=MAX_USD, description="Most USD per hour all burst nodes of the pool may cost together."
     )
     max_burst_gpus: int | None = Field(
-        default=None, ge=0, description="Most burst GPUs at once across the pool."
+        default=None, ge=0, le=MAX_POOL_GPUS, description="Most burst GPUs at once across the pool."
     )
 
     @model_validator(mode="after")
@@ -270,7 +285,7 @@ class Project(PolicyModel):
 
     name: Name = Field(description="Project name, as jobs carry it (Slurm account, etc.).")
     priority: int = Field(
-        default=0,
+        default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
         description="Higher runs first on burst capacity: a higher-priority project's queued work "
         "gets nodes before any lower one's. Projects of equal priority share by max-min fairness "
         "when a pool limit binds: the next node goes to the project holding the fewest burst GPUs "
@@ -279,11 +294,13 @@ class Project(PolicyModel):
         "pool limit binds, every project's work gets nodes in submit order (see docs/budgets.md).",
     )
     max_burst_gpus: int | None = Field(
-        default=None, ge=0, description="Most burst GPUs the project may hold at once."
+        default=None, ge=0, le=MAX_POOL_GPUS,
+        description="Most burst GPUs the project may hold at once."
     )
     weight: float = Field(
         default=1.0,
         gt=0,
+        le=MAX_WEIGHT,
         description="Fair-share weight among projects of equal priority: a project of weight 2 is "
         "granted nodes until it holds twice the burst GPUs of a project of weight 1.",
     )
@@ -320,6 +337,7 @@ class BudgetGrade(PolicyModel):
 
     at_percent: float = Field(
         gt=0,
+        le=MAX_PERCENT,
         description="Share of the limit, in percent, used by spend plus outstanding commitments at "
         "which the action applies (reached: used >= at_percent). A `drain` grade applies only when "
         "the share is strictly above it, so `{at_percent: 100, action: drain}` means past the "
@@ -372,9 +390,10 @@ class Budget(PolicyModel):
         "2026-01-01T00:00:00Z; the windows run back to back from it, before and after "
         "(window: custom only).",
     )
-    limit_usd: Money = Field(description="Most USD the scope may spend on burst nodes in a window.")
+    limit_usd: Money = Field(le=MAX_USD, description="Most USD the scope may spend on burst nodes "
+                             "in a window.")
     max_hourly_burn_usd: Money | None = Field(
-        default=None,
+        default=None, le=MAX_USD,
         description="Most USD per hour the scope's live burst nodes may cost together (their "
         "hourly prices, a launch's included).",
     )
@@ -470,7 +489,7 @@ class Policy(PolicyModel):
         default_factory=list, description="Per-project priority, fair-share weight and burst quota."
     )
     default_project_priority: int = Field(
-        default=0, description="Priority of projects not listed under projects."
+        default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Priority of projects not listed under projects."
     )
     providers: ProviderSettings = Field(
         default_factory=ProviderSettings,

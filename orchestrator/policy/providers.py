@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from orchestrator.policy.base import PolicyModel
+from orchestrator.policy.base import CloudName, PolicyModel, Text
+from orchestrator.policy.bounds import MAX_GPUS_PER_NODE, MAX_PRICE_USD_HOUR
 from orchestrator.policy.units import Money
 
 ENV_REF_PATTERN = r"^env:[A-Za-z_][A-Za-z0-9_]*$"
@@ -38,17 +39,18 @@ class AwsConfig(PolicyModel):
     iam_instance_profile: str | None = Field(
         default=None, description="IAM instance profile name or ARN given to burst nodes.")
     key_name: str | None = Field(default=None, description="EC2 key pair for SSH, if any.")
-    root_volume_gb: int = Field(default=200, ge=8, description="Root EBS volume size (GiB).")
+    root_volume_gb: int = Field(default=200, ge=8, le=65_536, description="Root EBS volume size (GiB).")
     spot_max_price_usd_hour: Money | None = Field(
-        default=None, description="Highest spot price to pay (unset: up to the on-demand price).")
+        default=None, le=MAX_PRICE_USD_HOUR,
+        description="Highest spot price to pay (unset: up to the on-demand price).")
     profile: str | None = Field(default=None, description="Named AWS profile (unset: the default chain).")
 
 
 class GcpAccelerator(PolicyModel):
     """GPUs attached to a machine type that does not include them (N1 machines)."""
 
-    type: str = Field(min_length=1, description="Accelerator type, e.g. nvidia-tesla-t4.")
-    count: int = Field(ge=1, description="How many per node.")
+    type: CloudName = Field(description="Accelerator type, e.g. nvidia-tesla-t4.")
+    count: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="How many per node.")
 
 
 class GcpConfig(PolicyModel):
@@ -59,7 +61,7 @@ class GcpConfig(PolicyModel):
     network: str = Field(default="global/networks/default", description="VPC network.")
     subnetwork: str | None = Field(default=None, description="Subnetwork (regional), if any.")
     service_account: str | None = Field(default=None, description="Service account e-mail of nodes.")
-    disk_size_gb: int = Field(default=200, ge=10, description="Boot disk size (GB).")
+    disk_size_gb: int = Field(default=200, ge=10, le=65_536, description="Boot disk size (GB).")
     disk_type: str = Field(default="pd-balanced", description="Boot disk type (A3/A4 may need hyperdisk-balanced).")
     external_ip: bool = Field(
         default=False,
@@ -68,7 +70,7 @@ class GcpConfig(PolicyModel):
     api_endpoint: str | None = Field(
         default=None,
         description="Compute API endpoint, e.g. a Private Service Connect address (unset: Google's).")
-    accelerators: dict[str, GcpAccelerator] = Field(
+    accelerators: dict[CloudName, GcpAccelerator] = Field(
         default_factory=dict,
         description="GPUs to attach per machine type that has none built in (e.g. n1-standard-8).")
 
@@ -76,9 +78,9 @@ class GcpConfig(PolicyModel):
 class LibcloudSize(PolicyModel):
     """GPU facts and price of a libcloud size, which drivers do not report."""
 
-    gpus: int = Field(ge=1, description="GPUs per node.")
-    gpu_model: str = Field(default="", description="GPU model.")
-    price_usd_hour: Money = Field(description="Hourly price.")
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs per node.")
+    gpu_model: Text = Field(default="", description="GPU model.")
+    price_usd_hour: Money = Field(le=MAX_PRICE_USD_HOUR, description="Hourly price.")
     billing_minimum_s: int = Field(
         default=60, ge=0, le=86_400,
         description="Shortest time the cloud bills (AWS/GCP Linux: 60 s; an hourly cloud: 3600).")
@@ -97,7 +99,7 @@ class LibcloudConfig(PolicyModel):
         default_factory=dict,
         description="Extra driver arguments (e.g. ex_force_auth_url); strings may be env:VAR.")
     image: str = Field(min_length=1, description="Image id (or name) of burst nodes.")
-    sizes: dict[str, LibcloudSize] = Field(
+    sizes: dict[CloudName, LibcloudSize] = Field(
         min_length=1, description="The sizes burst may launch, with their GPUs and price.")
 
 

@@ -15,8 +15,21 @@ from typing import Any
 from pydantic.json_schema import GenerateJsonSchema
 
 from orchestrator.policy.base import NAME_PATTERN
+from orchestrator.policy.bounds import CLOUD_NAME_PATTERN, MAX_PRICE_USD_HOUR, MAX_USD
 from orchestrator.policy.models import Policy
-from orchestrator.policy.units import DURATION_PATTERN, MONEY_PATTERN, format_duration
+from orchestrator.policy.reading import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_NUMBER_CHARS,
+    InputKind,
+)
+from orchestrator.policy.units import (
+    DURATION_PATTERN,
+    MAX_DURATION_S,
+    MONEY_PATTERN,
+    format_duration,
+)
 
 
 class _PolicySchemaGenerator(GenerateJsonSchema):
@@ -68,11 +81,14 @@ def _is_money(schema: dict[str, Any]) -> bool:
 
 
 def _bounds(schema: dict[str, Any]) -> str:
+    text = ""
     if "minimum" in schema:
-        return f" ≥ {schema['minimum']}"
-    if "exclusiveMinimum" in schema:
-        return f" > {schema['exclusiveMinimum']}"
-    return ""
+        text = f" ≥ {schema['minimum']}"
+    elif "exclusiveMinimum" in schema:
+        text = f" > {schema['exclusiveMinimum']}"
+    if "maximum" in schema:
+        text += f"{',' if text else ''} ≤ {schema['maximum']:,}"
+    return text
 
 
 def _type_text(schema: dict[str, Any], defs: dict[str, Any]) -> str:
@@ -98,6 +114,8 @@ def _type_text(schema: dict[str, Any], defs: dict[str, Any]) -> str:
         return "duration"
     if schema.get("pattern") == NAME_PATTERN:
         return "name"
+    if schema.get("pattern") == CLOUD_NAME_PATTERN:
+        return "cloud name"
     if schema.get("type") == "string" and schema.get("format") == "date-time":
         return "date-time with timezone"
     if schema.get("type") == "string" and schema.get("minLength"):
@@ -173,9 +191,20 @@ def field_reference_markdown() -> str:
         "`12.5`, `3.06`. No currency sign.",
         "- **name**: lower-case letters, digits and `-`, starting and ending with a letter or "
         "digit, at most 63 characters.",
+        "- **cloud name** (instance types, regions, zones, accelerator types): letters, digits, "
+        "`.`, `_` and `-`, starting with a letter or digit, at most 128 characters (no `$`, "
+        "braces, slashes, blanks or control characters).",
         "- *optional* keys may be left out; *unset* means the behaviour described applies.",
         "",
         "Unknown keys are errors, and so are values of the wrong type (`\"8\"` is not an integer).",
+        "",
+        "Limits (each refused with `FILE:LINE:COL: path: message`, never a traceback): a policy "
+        f"file is at most {MAX_BYTES[InputKind.POLICY] >> 20} MiB of UTF-8 text (a bad byte is "
+        f"named by its byte offset) with no NUL or other control characters; mappings and lists "
+        f"nest at most {MAX_DEPTH} levels; YAML aliases expand to at most {MAX_NODES:,} values; "
+        f"a number is at most {MAX_NUMBER_CHARS} characters, finite (no `.inf`, `.nan`). Money "
+        f"fields are at most {MAX_USD:,} USD, hourly prices at most {MAX_PRICE_USD_HOUR:,} USD; "
+        f"durations at most {MAX_DURATION_S // 86_400}d; times need a timezone. Integer bounds are in the type column.",
         "",
     ]
     for name, path, model_schema in _sections(schema, defs):

@@ -28,6 +28,16 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from orchestrator.policy import bounds
+from orchestrator.policy.reading import (
+    MAX_NUMBER_CHARS,
+    InputError,
+    InputKind,
+    check_text,
+    read_input,
+)
+from orchestrator.policy.units import MAX_DURATION_S
+
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "project", "priority")
 TRACE_DIR_ENV = "BURST_TRACE_DIR"
 ITP_DIR = "microsoft-itp-elasticflow-traces"
@@ -81,12 +91,24 @@ def _sorted(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
 
 def parse_canonical(text: str, where: str) -> tuple[TraceJob, ...]:
     """Jobs of a canonical trace CSV; :class:`TraceError` names ``where``, the line and column."""
+    try:
+        check_text(text, where)
+    except InputError as exc:
+        raise TraceError(str(exc)) from None
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _parse_rows(reader, where)
+    except csv.Error as exc:  # e.g. a field past the csv module's size limit
+        raise TraceError(f"{where}:{reader.line_num}: not CSV: {exc}") from None
+
+
+def _parse_rows(reader, where: str) -> tuple[TraceJob, ...]:  # type: ignore[no-untyped-def]
     header = next(reader, None)
     if header is None:
         raise TraceError(f"{where}: empty file; expected the header {','.join(COLUMNS)}")
     if tuple(h.strip() for h in header) != COLUMNS:
-        raise TraceError(f"{where}:1: expected the header {','.join(COLUMNS)}, got {','.join(header)}")
+        got = ",".join(header)[:200]
+        raise TraceError(f"{where}:1: expected the header {','.join(COLUMNS)}, got {got}")
     jobs: list[TraceJob] = []
     seen: dict[str, int] = {}
     for row in reader:
@@ -98,6 +120,9 @@ def parse_canonical(text: str, where: str) -> tuple[TraceJob, ...]:
         job_id, submit, duration, gpus, project, priority = (cell.strip() for cell in row)
         if not job_id:
             raise TraceError(f"{where}:{line}: job_id: must not be empty")
+        for column, value in (("job_id", job_id), ("project", project)):
+            if value and (problem := bounds.name_problem(value, bounds.ID_RE)):
+                raise TraceError(f"{where}:{line}: {column}: {problem}")
         if job_id in seen:
             raise TraceError(f"{where}:{line}: job_id: {job_id!r} repeats line {seen[job_id]}")
         seen[job_id] = line
@@ -106,22 +131,35 @@ def parse_canonical(text: str, where: str) -> tuple[TraceJob, ...]:
         count = _integer(gpus, where, line, "gpus")
         if count < 1:
             raise TraceError(f"{where}:{line}: gpus: must be at least 1, got {count}")
+        if count > bounds.MAX_JOB_GPUS:
+            raise TraceError(f"{where}:{line}: gpus: must be at most {bounds.MAX_JOB_GPUS}, got "
+                             f"{count}")
         rank = _integer(priority, where, line, "priority") if priority else 0
+        if abs(rank) > bounds.MAX_PRIORITY:
+            raise TraceError(f"{where}:{line}: priority: must be between -{bounds.MAX_PRIORITY} "
+                             f"and {bounds.MAX_PRIORITY}, got {rank}")
         jobs.append(TraceJob(job_id, submit_s, duration_s, count, project, rank))
     return _sorted(jobs)
 
 
 def _number(text: str, where: str, line: int, column: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise TraceError(f"{where}:{line}: {column}: number longer than {MAX_NUMBER_CHARS} "
+                         "characters")
     try:
         value = float(text)
     except ValueError:
         raise TraceError(f"{where}:{line}: {column}: not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise TraceError(f"{where}:{line}: {column}: must be a finite number >= 0, got {text!r}")
+    if not 0 <= value <= MAX_DURATION_S:
+        raise TraceError(f"{where}:{line}: {column}: must be a number of seconds from 0 to "
+                         f"{MAX_DURATION_S}, got {text[:40]!r}")
     return value
 
 
 def _integer(text: str, where: str, line: int, column: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise TraceError(f"{where}:{line}: {column}: number longer than {MAX_NUMBER_CHARS} "
+                         "characters")
     try:
         return int(text)
     except ValueError:
@@ -130,11 +168,15 @@ def _integer(text: str, where: str, line: int, column: str) -> int:
 
 def load_canonical(path: str | os.PathLike[str], name: str | None = None) -> Trace:
     path = Path(path)
+    return Trace(name or path.stem, parse_canonical(_read(path), str(path)), str(path))
+
+
+def _read(path: Path) -> str:
+    """A trace file's text, within the input limits (size, UTF-8, no NUL)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return Trace(name or path.stem, parse_canonical(text, str(path)), str(path))
+        return read_input(path, InputKind.TRACE)
+    except InputError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def to_canonical(jobs: tuple[TraceJob, ...] | list[TraceJob]) -> str:
@@ -157,24 +199,24 @@ def _fmt(value: float) -> str:
 
 def _rows(path: Path, required: tuple[str, ...]):
     """(line, row) of a CSV with a header holding ``required`` columns."""
+    reader = csv.DictReader(io.StringIO(_read(path), newline=""))
     try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    with handle:
-        reader = csv.DictReader(handle)
         missing = [c for c in required if c not in (reader.fieldnames or ())]
         if missing:
             raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
         for row in reader:
             yield reader.line_num, row
+    except csv.Error as exc:
+        raise TraceError(f"{path}:{reader.line_num}: not CSV: {exc}") from None
 
 
 def _int(row: dict, column: str, path: Path, line: int) -> int:
     text = (row.get(column) or "").strip()
     try:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError(text)
         return int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise TraceError(f"{path}:{line}: {column}: not a number: {text!r}") from None
 
 
