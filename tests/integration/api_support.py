@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,9 +38,10 @@ def runtime_of(rig: Rig, tmp_path: Path) -> Runtime:
 
 
 @contextmanager
-def served(runtime: Runtime) -> Iterator[httpx.Client]:
-    """The app over ``runtime`` on 127.0.0.1:<free port>, and an httpx client for it."""
-    server = ApiServer(create_app(runtime), "127.0.0.1", 0)
+def served(runtime: Runtime, **app_options: Any) -> Iterator[httpx.Client]:
+    """The app over ``runtime`` (``create_app`` options: ``app_options``) on
+    127.0.0.1:<free port>, and an httpx client for it."""
+    server = ApiServer(create_app(runtime, **app_options), "127.0.0.1", 0)
     port = server.start()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:

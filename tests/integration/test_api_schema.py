@@ -11,12 +11,15 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from orchestrator.api.limits import Rate
 from orchestrator.domain import NodeState
+from orchestrator.fabric.tokens import new_credential
 from orchestrator.store import Store
 from tests.builders import POOL, make_rig
 from tests.integration.api_support import PROBLEM_JSON, add_node, make_tokens, runtime_of, served
@@ -25,16 +28,39 @@ MAX_EXAMPLES = 12
 
 
 def test_fuzzing_the_schema_finds_no_server_error(store: Store, tmp_path: Path) -> None:
+    _fuzz_the_schema(store, tmp_path, MAX_EXAMPLES)
+
+
+@pytest.mark.long
+def test_fuzzing_the_schema_at_length_with_a_node_credential(tmp_path: Path) -> None:
+    """The same, 30 examples per operation and mode, the agents' routes fuzzed with a real node
+    credential (of node n2: a case naming it gets past the credential check) instead of a user
+    token, and the registration rate limit opened so that it does not answer in the fuzzer's
+    place; SQLite only, to fit the long step (about 45 s)."""
+    with Store(f"sqlite:///{tmp_path / 'fuzz.db'}") as store:
+        store.upgrade()
+        _fuzz_the_schema(store, tmp_path, 30, node_credential=True)
+
+
+def _fuzz_the_schema(store: Store, tmp_path: Path, max_examples: int, *,
+                     node_credential: bool = False) -> None:
     rig = make_rig(store)
     rt = runtime_of(rig, tmp_path)
     tokens = make_tokens(store, rig)
     add_node(rig, 1, "research", NodeState.BOOTING)
     store.submit_job("research", POOL, 8, 0, 600.0, None, rig.now - timedelta(minutes=5))
     auth = {"Authorization": f"Bearer {tokens.admin}"}
+    agent_auth = auth
+    if node_credential:
+        add_node(rig, 2, "research", NodeState.BOOTING, NodeState.JOINING, NodeState.READY)
+        credential, credential_hash = new_credential()
+        store.set_credential("n2", credential_hash)
+        agent_auth = {"Authorization": f"Bearer {credential}"}
     failures: list[str] = []
     unfuzzable: list[str] = []
     calls = 0
-    with served(rt) as client:
+    options = {"register_rate": Rate(burst=10_000, per_s=100)} if node_credential else {}
+    with served(rt, **options) as client:
         base = str(client.base_url).rstrip("/")
         schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
         operations = [r.ok() for r in schema.get_all_operations()]
@@ -42,8 +68,10 @@ def test_fuzzing_the_schema_finds_no_server_error(store: Store, tmp_path: Path) 
         for operation in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-                @given(case=operation.as_strategy(generation_mode=mode, headers=auth))
-                @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+                headers = agent_auth if operation.path.startswith("/v1/agent/") else auth
+
+                @given(case=operation.as_strategy(generation_mode=mode, headers=headers))
+                @settings(max_examples=max_examples, deadline=None, database=None,
                           derandomize=True, suppress_health_check=list(HealthCheck))
                 def fuzz(case: schemathesis.Case) -> None:
                     nonlocal calls
@@ -65,7 +93,7 @@ def test_fuzzing_the_schema_finds_no_server_error(store: Store, tmp_path: Path) 
                     assert mode is GenerationMode.NEGATIVE, operation.label
                     unfuzzable.append(operation.label)
     assert not failures, "\n".join(failures[:20])
-    assert calls >= len(operations) * MAX_EXAMPLES // 2, calls
+    assert calls >= len(operations) * max_examples // 2, calls
     assert set(unfuzzable) <= {"GET /healthz", "GET /readyz", "GET /metrics"}, unfuzzable
 
 
