@@ -173,11 +173,16 @@ _ENDED = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
 
 
 def _job_to_stop(runtime: Runtime, node: Node, job_id: str | None) -> str | None:
-    """The job a node runs for nothing: it has ended meanwhile through another node's run (a late
-    report of an earlier run that finished while the controller thought its node gone)."""
+    """The job a node runs for nothing: a user cancelled it, or it has ended meanwhile through
+    another node's run (a late report of an earlier run that finished while the controller
+    thought its node gone)."""
     if job_id is None:
         return None
     job = runtime.store.get_job(job_id)
+    if job is not None and job.state is JobState.CANCELLED:
+        # A user cancelled it (burst cancel, DELETE /v1/jobs/{id}): stop it wherever it runs.
+        log.info("node %s: telling it to stop job %s, cancelled", node.id, job_id)
+        return job_id
     if job is None or job.state not in _ENDED or job.node_id == node.id:
         return None
     log.info("node %s: telling it to stop job %s, %s by another run", node.id, job_id, job.state)

@@ -12,6 +12,7 @@ token's projects:
   per-pool depth and wait computed over those jobs only.
 * ``POST /v1/jobs``: a submitter (for its projects) or an admin queues a job, validated like
   ``burst submit``.
+* ``DELETE /v1/jobs/{id}``: the same roles cancel a pending or running job (``burst cancel``).
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ class JobOut(BaseModel):
     node_id: str | None
     submitted_at: str
     started_at: str | None
+    finished_at: str | None = Field(default=None, description="When it finished or was cancelled.")
     wait_s: float = Field(description="Seconds waited: until now while pending, until the start "
-                                      "once running.")
+                                      "once running (until the cancel if cancelled unstarted).")
 
     @classmethod
     def of(cls, job: JobRecord, now: datetime) -> JobOut:
@@ -119,7 +121,8 @@ class JobOut(BaseModel):
             duration_s=job.duration_s, command=job.command, state=job.state,
             placement=str(job.placement) if job.placement is not None else None,
             node_id=job.node_id, submitted_at=iso(job.submitted_at) or "",
-            started_at=iso(job.started_at), wait_s=_wait(job, now),
+            started_at=iso(job.started_at), finished_at=iso(job.finished_at),
+            wait_s=_wait(job, now),
         )
 
 
@@ -290,6 +293,28 @@ def router(runtime: Runtime) -> APIRouter:
                           "for a new job") from None
         return JobOut.of(job, now)
 
+    @api.delete("/jobs/{job_id}", tags=["queue"], response_model=JobOut,
+                responses={404: {"description": "no such job (or not one of the token's projects)"},
+                           409: {"description": "the job had finished already; `state` says how"}})
+    def cancel_job(token: Caller,
+                   job_id: Annotated[str, Path(max_length=64, pattern=NAME_PATTERN)]) -> JobOut:
+        """Cancel a pending or running job of the built-in queue (submitter of its project, or
+        admin). Idempotent: cancelling it again answers 200 with the same body. A job running on
+        a burst node is stopped by the node's agent at its next heartbeat."""
+        require_role(token, Role.SUBMITTER)
+        job = runtime.store.get_job(job_id)
+        if job is None or not token.sees(job.project):
+            # Another project's job answers as an unknown one: its id reveals nothing.
+            raise Problem(404, "no such job", f"no job {job_id!r}")
+        now = runtime.clock.now()
+        done = runtime.store.withdraw_job(job_id, now)
+        assert done.job is not None  # jobs are never deleted
+        if done.job.state is not JobState.CANCELLED:
+            raise Problem(409, "job finished", f"job {job_id} has finished ({done.job.state}); "
+                                               "only pending or running jobs can be cancelled",
+                          state=str(done.job.state))
+        return JobOut.of(done.job, now)
+
     return api
 
 
@@ -299,7 +324,8 @@ def _pools(runtime: Runtime) -> list[str]:
 
 
 def _wait(job: JobRecord, now: datetime) -> float:
-    end = job.started_at if job.started_at is not None else now
+    # A job cancelled before it started waited until the cancel, so its answer never changes.
+    end = job.started_at or job.finished_at or now
     return round(max((end - job.submitted_at).total_seconds(), 0.0), 1)
 
 

@@ -1,5 +1,5 @@
 """Operator operations on a wired Runtime: evaluate a policy now, pre-warm, drain, pause and
-resume a pool, and report spend.
+resume a pool, cancel jobs, and report spend.
 
 Plain functions, shared by the public Celery tasks (:mod:`orchestrator.automation.public`) and the
 ``burst pool`` / ``burst spend`` commands, so both validate the same way and say the same things.
@@ -31,9 +31,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, V
 from orchestrator.costs.report import allocate_cents
 from orchestrator.costs.report import cents as cents_of
 from orchestrator.domain.costs import NONE as NO_NODE
+from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
 from orchestrator.policy.models import Policy
+from orchestrator.store import Store
 from orchestrator.store.ledger import CostSums
 from orchestrator.tick import planning_pass, record_tick, roll_up_costs
 from orchestrator.wiring import Runtime
@@ -120,6 +122,10 @@ class DrainArgs(PoolArgs):
 class PrewarmArgs(PoolArgs):
     gpus: Annotated[int, Field(ge=1, le=1_000_000)]
     until: AwareTime
+
+
+class CancelArgs(_Args):
+    jobs: Annotated[list[Name], Field(min_length=1, max_length=1000)]
 
 
 class SpendArgs(_Args):
@@ -240,6 +246,28 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
                                    "summary": decision.summary,
                                    "held_back_by": list(decision.held_back_by)}
     return outcome
+
+
+def cancel_jobs(store: Store, job_ids: Iterable[str], now: datetime) -> list[dict]:
+    """Cancel built-in queue jobs, pending or running; one result per id (each id once):
+    ``{"id", "state", "result"}`` with result ``cancelled`` (now), ``already-cancelled``,
+    ``finished`` (done or failed: left alone; state says which) or ``unknown``. Cancelling
+    again is harmless: a redelivered task answers ``already-cancelled``. A job running on a
+    burst node is stopped by the node's agent at its next heartbeat (``node`` names it)."""
+    results = []
+    for job_id in dict.fromkeys(job_ids):
+        done = store.withdraw_job(job_id, now)
+        job = done.job
+        if job is None:
+            results.append({"id": job_id, "state": None, "result": "unknown", "node": None})
+            continue
+        if job.state is not JobState.CANCELLED:
+            result = "finished"
+        else:
+            result = "cancelled" if done.changed else "already-cancelled"
+        results.append({"id": job_id, "state": str(job.state), "result": result,
+                        "node": job.node_id if result == "cancelled" else None})
+    return results
 
 
 def prewarm(rt: Runtime, pool: str, gpus: int, until: datetime) -> dict:

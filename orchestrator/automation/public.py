@@ -12,6 +12,8 @@ is wrong. A refusal is final: these tasks never retry. Results are small JSON di
   ``until`` (ISO 8601 with a timezone, in the future).
 * ``burst.pool.drain(pool, reason="")``: drain every ready node of the pool now and pause it.
 * ``burst.pool.pause(pool, reason="")`` / ``burst.pool.resume(pool)``: stop / restart launches.
+* ``burst.jobs.cancel(jobs)``: cancel jobs of the built-in queue (a list of ids), pending or
+  running; one result per id (``cancelled``, ``already-cancelled``, ``finished``, ``unknown``).
 * ``burst.spend.report(since=None, until=None, group_by="project")``: spend from the cost ledger.
 
 Missing and unknown arguments are refused the same way (``gpus: is required``), rather than with
@@ -92,6 +94,16 @@ def resume(pool: str | None = None, **unknown: Any) -> dict:
     return _call(ops.resume, runtime(), args.pool)
 
 
+@shared_task(name="burst.jobs.cancel", ignore_result=False, throws=(InvalidTaskArguments,))
+def cancel(jobs: list[str] | str | None = None, **unknown: Any) -> dict:
+    """Cancel the built-in queue's jobs ``jobs`` (ids; a single id may be given as a string)."""
+    ids = [jobs] if isinstance(jobs, str) else jobs
+    args = _parse(ops.CancelArgs, **_given(jobs=ids), **unknown)
+    rt = runtime()
+    results = ops.cancel_jobs(rt.store, args.jobs, rt.clock.now())
+    return {"jobs": results, "cancelled": sum(r["result"] == "cancelled" for r in results)}
+
+
 @shared_task(name="burst.spend.report", ignore_result=False, throws=(InvalidTaskArguments,))
 def spend_report(since: str | None = None, until: str | None = None,
                  group_by: str | list[str] = "project", **unknown: Any) -> dict:
@@ -101,5 +113,5 @@ def spend_report(since: str | None = None, until: str | None = None,
     return _call(ops.spend_report, runtime(), args.since, args.until, args.group_by)
 
 
-__all__ = ["InvalidTaskArguments", "drain", "evaluate", "pause", "prewarm", "resume",
+__all__ = ["InvalidTaskArguments", "cancel", "drain", "evaluate", "pause", "prewarm", "resume",
            "spend_report"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from orchestrator.cli.cancel_cmd import cancel_command
 from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
 from orchestrator.cli.pool_cmd import pool_app, spend_command
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
@@ -33,6 +34,7 @@ app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)
 app.command("status")(status_command)
+app.command("cancel")(cancel_command)
 app.command("decisions")(decisions_command)
 app.command("explain")(explain_command)
 app.command("demo")(demo_command)

@@ -20,8 +20,9 @@ HTTP contract with the controller (JSON bodies; every call after registration ca
   (null: none) where to poll for spot/preemption notices (:mod:`orchestrator.fabric.node_facts`).
 * ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id, fabric_state,
   notice, drain_report}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs,
-  stop_job}``; 401/403: revoked. ``stop_job`` names the running job when it has ended meanwhile
-  through another run (the agent stops it: SIGTERM to its group, then SIGKILL). ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
+  stop_job}``; 401/403: revoked. ``stop_job`` names the running job when a user cancelled it or
+  it has ended meanwhile through another run (the agent stops it: SIGTERM to its group, then
+  SIGKILL, and reports it handed back). ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
   of a joined fabric; ``notice`` once a spot notice arrived; ``drain_report`` with ``released``.
 * ``POST /v1/agent/jobs/next`` ``{node_id, free_gpus}``
   -> 200 ``{job: {id, command, duration_s, gpus, attempt}}`` or 204 when there is nothing to run.
@@ -597,7 +598,8 @@ class Agent:
         """The controller says the running job ended elsewhere meanwhile: running it on is waste."""
         if job_id is None or self.job is None or self.job.spec.id != job_id or self.job.ended:
             return
-        log.warning("controller: job %s has ended through another run; stopping it here", job_id)
+        log.warning("controller: job %s was cancelled or has ended through another run; "
+                    "stopping it here", job_id)
         self.job.stop()
 
     def _deadline_passed(self) -> bool:

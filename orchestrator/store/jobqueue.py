@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,15 @@ class JobExists(Exception):  # noqa: N818 - an outcome, not a failure
     def __init__(self, job: JobRecord):
         super().__init__(f"job {job.id} exists")
         self.job = job
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """What ``withdraw_job`` found or did: the job as it now is, and whether this call
+    cancelled it (False: cancelled before, finished, or unknown when ``job`` is None)."""
+
+    job: JobRecord | None
+    changed: bool
 
 
 def new_job_id() -> str:
@@ -239,6 +248,25 @@ class JobQueue(StoreBase):
                 .values(state=JobState.CANCELLED.value, version=c.version + 1)
             )
             return result.rowcount == 1
+
+    def withdraw_job(self, job_id: str, at: datetime) -> Withdrawal:
+        """Cancel a job, pending or running (``burst cancel``, ``DELETE /v1/jobs/{id}``).
+
+        A pending or running job becomes CANCELLED at ``at``; a running one keeps its node, so
+        the node's agent learns from its next heartbeat answer to stop it, and its run on a
+        burst node ends here (outcome ``cancelled``). A job cancelled before is returned as it
+        is (``changed`` False), and so is a finished one: the caller tells them apart by state.
+        ``job`` is None for an unknown id."""
+        require_aware(at, "at")
+        for _ in range(8):  # a concurrent change (the job started meanwhile): read and try again
+            job = self.get_job(job_id)
+            if job is None or job.state not in (JobState.PENDING, JobState.RUNNING):
+                return Withdrawal(job, changed=False)
+            new = replace(job, state=JobState.CANCELLED, finished_at=at, version=job.version + 1)
+            ended = (at, RunOutcome.CANCELLED.value) if job.state is JobState.RUNNING else None
+            if self._cas_job(job, job.state, new, ended=ended) is not None:
+                return Withdrawal(new, changed=True)
+        raise RuntimeError(f"job {job_id} kept changing; could not cancel it")
 
     def _cas_job(self, old: JobRecord, expected: JobState, new: JobRecord,
                  ended: tuple[datetime, str] | None = None) -> JobRecord | None:

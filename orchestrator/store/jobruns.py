@@ -52,6 +52,7 @@ class RunOutcome(StrEnum):
     REQUEUED = "requeued"  # put back in the queue for another reason
     GONE = "gone"  # an observed run no longer seen, its end not reported
     SUPERSEDED = "superseded"  # another run of the job reported it finished meanwhile
+    CANCELLED = "cancelled"  # a user cancelled the job while it ran
 
 
 #: Ends recorded for a run by the controller, not by its node: a late report from the node (it

@@ -514,3 +514,28 @@ def test_an_outage_is_ridden_out_the_job_runs_on_and_heartbeats_back_off(
     assert agent.proc.poll() is None
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.wait() == 0
+
+
+def test_a_cancelled_job_is_stopped_and_the_node_takes_work_again(
+    controller: Controller, start_agent, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "job.pid"
+    controller.jobs.append(
+        {"id": "doomed", "command": f"echo $$ > {pid_file}; exec sleep 30", "duration_s": None,
+         "gpus": 2}
+    )
+    agent = start_agent()
+    job_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                           timeout=30, what="the job to start"))
+    with controller.lock:  # the user cancelled it: the heartbeat answer says to stop it
+        controller.drain = {**controller.drain, "stop_job": "doomed"}
+    wait_for(lambda: "doomed" in controller.finished, timeout=30, what="the job's report")
+    assert controller.finished["doomed"]["outcome"] == "handed-back"
+    wait_for(lambda: gone(job_pid), timeout=30, what="the job's process to end")
+    with controller.lock:
+        controller.drain = {**controller.drain, "stop_job": None}
+        controller.jobs.append({"id": "next", "command": None, "duration_s": 0.1, "gpus": 1})
+    wait_for(lambda: "next" in controller.finished, timeout=30, what="the next job to run")
+    assert controller.finished["next"]["outcome"] == "done"
+    assert agent.proc.poll() is None  # no drain: the node stays, idle, for the planner to judge
+    assert "job doomed was cancelled or has ended" in agent.stderr

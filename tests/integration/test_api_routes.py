@@ -35,6 +35,7 @@ ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     ("GET", "/v1/nodes", None, {"admin", "viewer", "submitter"}),
     ("GET", "/v1/queue", None, {"admin", "viewer", "submitter"}),
     ("POST", "/v1/jobs", JOB, {"admin", "submitter"}),
+    ("DELETE", "/v1/jobs/j-route", None, {"admin", "submitter"}),  # idempotent: 200 each time
     ("GET", "/v1/decisions", None, {"admin"}),
     ("GET", "/v1/decisions/d-1", None, {"admin"}),
     ("GET", "/v1/costs", None, {"admin", "viewer", "submitter"}),
@@ -72,7 +73,8 @@ def test_routes_table_covers_every_served_route(client: httpx.Client) -> None:
     schema = client.get("/openapi.json").json()
     served_routes = {(m.upper(), p) for p, ops in schema["paths"].items() for m in ops
                      if not p.startswith("/v1/agent/")}
-    checked = {(m, p.replace("/d-1", "/{decision_id}")) for m, p, _, _ in ROUTES}
+    checked = {(m, p.replace("/d-1", "/{decision_id}").replace("/j-route", "/{job_id}"))
+               for m, p, _, _ in ROUTES}
     assert served_routes - {("GET", p) for p in PUBLIC} == checked
     # Every checked route declares the bearer scheme in the schema; the public ones do not.
     for method, path in checked:
@@ -110,6 +112,7 @@ def test_every_route_refuses_a_missing_or_bad_token(
 def test_each_role_gets_exactly_the_routes_it_may_call(
         client: httpx.Client, store: Store, tokens: Tokens) -> None:
     seed_decision(store)
+    store.submit_job("research", POOL, 2, 0, 600.0, None, T0, job_id="j-route")
     secrets = {"admin": tokens.admin, "viewer": tokens.viewer, "submitter": tokens.submitter}
     for method, path, body, allowed in ROUTES:
         for role, secret in secrets.items():
