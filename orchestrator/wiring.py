@@ -200,6 +200,8 @@ def provider_offerings(name: str, settings: Settings, policies: Iterable[Policy]
         from providers.local import default_offerings
 
         return default_offerings()
+    if name == ProviderName.SIM:  # its catalogue needs no provider (nor the clock one needs)
+        return sim_catalogue(policies)
     return build_provider(name, settings, policies).offerings()
 
 

@@ -25,6 +25,7 @@ from orchestrator.fabric.slurm import FabricJoinError
 from orchestrator.fabric.tokens import new_credential, token_hash
 from orchestrator.sources.slurm_cli import SlurmError
 from orchestrator.lifecycle import transition
+from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.wiring import Runtime
 
 _CAS_RETRIES = 8
@@ -149,11 +150,11 @@ def _fabric_events(runtime: Runtime, node: Node, body: HeartbeatIn, now: datetim
 
 
 def _parse_time(value: object) -> datetime | None:
+    """A notice's deadline, or None (then the drain is due now) if it is not an aware time."""
     try:
-        parsed = datetime.fromisoformat(str(value))
-    except (TypeError, ValueError):
+        return parse_aware(value, "notice.deadline")
+    except TimeFormatError:
         return None
-    return parsed if parsed.tzinfo is not None else None
 
 
 # One answer for a node id that does not exist and for a wrong token, so an anonymous caller

@@ -31,6 +31,7 @@ from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy import parse_duration
+from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
 from orchestrator.store.tokens import PROJECT_RE, Role
@@ -329,28 +330,13 @@ def _wait(job: JobRecord, now: datetime) -> float:
     return round(max((end - job.submitted_at).total_seconds(), 0.0), 1)
 
 
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
-
-
 def parse_time(value: str, parameter: str) -> datetime:
     """An ISO 8601 time with a timezone; a 422 naming ``parameter`` otherwise."""
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise invalid(parameter, f"not an ISO 8601 time, e.g. 2026-12-01T09:00:00Z "
-                                 f"(got {value[:60]!r})") from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise invalid(parameter, f"needs a timezone, e.g. Z or +02:00 (got {value[:60]!r})")
-    try:
-        moment = moment.astimezone(UTC)
-    except OverflowError:
-        moment = None  # e.g. 0001-01-01T00:00+01:00: before the first representable instant
-    # Far enough from datetime's ends that the routes' date arithmetic cannot overflow.
-    if moment is None or not EARLIEST <= moment <= LATEST:
-        raise invalid(parameter, f"must lie between {EARLIEST.date()} and {LATEST.date()} "
-                                 f"(got {value[:60]!r})")
-    return moment
+    try:  # between EARLIEST and LATEST: the routes' date arithmetic cannot overflow
+        return parse_aware(value, parameter).astimezone(UTC)
+    except TimeFormatError as exc:
+        reason = str(exc).removeprefix(f"{parameter}: ")
+        raise invalid(parameter, f"{reason} (got {value[:60]!r})") from None
 
 
 __all__ = ["JobIn", "JobOut", "NodeOut", "QueueOut", "iso", "parse_time", "router"]

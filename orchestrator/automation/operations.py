@@ -35,6 +35,7 @@ from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
 from orchestrator.policy.models import Policy
+from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.store import Store
 from orchestrator.store.ledger import CostSums
 from orchestrator.tick import planning_pass, record_tick, roll_up_costs
@@ -58,20 +59,15 @@ class InvalidArgument(ValueError):
 
 
 def parse_time(value: Any) -> datetime:
-    """An ISO 8601 time with a timezone (``Z`` or an offset), as tz-aware UTC."""
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise ValueError(f"not an ISO 8601 time (e.g. {TIME_EXAMPLE}) (got {value!r})") from None
-    if not isinstance(value, datetime):
-        # ValueError, not TypeError: pydantic turns only ValueErrors into validation errors.
-        raise ValueError(  # noqa: TRY004
-            f"must be an ISO 8601 time string (e.g. {TIME_EXAMPLE}), got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"needs a timezone, e.g. {TIME_EXAMPLE} or +02:00 "
-                         f"(got {value.isoformat()})")
-    return value.astimezone(UTC)
+    """An ISO 8601 time with a timezone (``Z`` or an offset), as tz-aware UTC.
+
+    Raises ValueError (pydantic turns only ValueErrors into validation errors), through the one
+    time parser, :func:`orchestrator.policy.timefmt.parse_aware`.
+    """
+    try:
+        return parse_aware(value, "time").astimezone(UTC)
+    except TimeFormatError as exc:  # the caller names the argument
+        raise ValueError(str(exc).removeprefix("time: ")) from None
 
 
 def parse_group_by(value: Any) -> tuple[str, ...]:

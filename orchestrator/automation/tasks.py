@@ -183,7 +183,10 @@ def launch(self, node_id: str) -> dict:
 def drain(node_id: str, deadline: str, reason: str = "idle") -> dict:
     from orchestrator.domain.plan import ActionReason
 
-    report = runtime().executor.run([Drain(node_id, ActionReason(reason), datetime.fromisoformat(deadline))])
+    from orchestrator.policy.timefmt import parse_aware
+
+    report = runtime().executor.run([Drain(node_id, ActionReason(reason),
+                                           parse_aware(deadline, "deadline"))])
     return {"node": node_id, "drained": bool(report.drained)}
 
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from orchestrator.api.v1 import EARLIEST, LATEST
 from orchestrator.cli.common import fail, load_policies, load_settings, open_store, out, print_json
+from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 
 if TYPE_CHECKING:
     from orchestrator.costs.report import CostReport
@@ -187,18 +187,9 @@ MAX_CHART_DAYS = 400  # one bar a day: wider charts are unreadable (and past mat
 
 def _time(value: str, option: str) -> datetime:
     try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        fail(f"{option}: not an ISO 8601 time, e.g. 2026-12-01T00:00:00Z (got {value!r})")
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        fail(f"{option}: needs a timezone, e.g. 2026-12-01T00:00:00Z (got {value!r})")
-    try:
-        moment = moment.astimezone(UTC)
-    except OverflowError:
-        moment = None
-    if moment is None or not EARLIEST <= moment <= LATEST:
-        fail(f"{option}: must lie between {EARLIEST.date()} and {LATEST.date()} (got {value!r})")
-    return moment
+        return parse_aware(value, option).astimezone(UTC)
+    except TimeFormatError as exc:
+        fail(f"{exc} (got {value[:60]!r})")
 
 
 def _iso(moment: datetime | None) -> str:

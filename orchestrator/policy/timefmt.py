@@ -23,13 +23,17 @@ class TimeFormatError(ValueError):
     """A time could not be read; the message names the field and the accepted form."""
 
 
-def parse_aware(text: object, field: str) -> datetime:
+def parse_aware(text: object, field: str, *, assume_utc: bool = False) -> datetime:
     """``text`` as an aware datetime; :class:`TimeFormatError` naming ``field`` otherwise.
 
     Accepts ISO 8601 with a ``Z`` or ``±HH:MM`` offset (``2026-11-30T03:00:00Z``); an aware
-    ``datetime`` is returned as it is.
+    ``datetime`` is returned as it is. ``assume_utc`` is only for text burst itself or a cloud's
+    metadata service wrote (stored records, instance-action notices), which is UTC by contract:
+    a naive time there is read as UTC instead of refused. Never for user input.
     """
     if isinstance(text, datetime):
+        if assume_utc and text.tzinfo is None:
+            text = text.replace(tzinfo=UTC)
         return require_aware(text, field)
     if not isinstance(text, str):
         raise TimeFormatError(f"{field}: a time is an ISO 8601 string like {EXAMPLE}, not "
@@ -43,6 +47,8 @@ def parse_aware(text: object, field: str) -> datetime:
     except ValueError:
         raise TimeFormatError(f"{field}: not an ISO 8601 time: {value[:_MAX_CHARS]!r} (e.g. "
                               f"{EXAMPLE})") from None
+    if assume_utc and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
     return require_aware(moment, field)
 
 

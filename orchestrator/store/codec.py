@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.domain.plan import Decision, OfferingOption, Rule
+from orchestrator.policy.timefmt import parse_aware
 
 DECISION_FORMAT = 1  # bumped when the document shape changes incompatibly
 
@@ -64,11 +65,8 @@ def _iso(value: datetime) -> str:
 
 
 def parse_time(text: str) -> datetime:
-    """An ISO 8601 time as tz-aware UTC (a naive text is read as UTC)."""
-    parsed = datetime.fromisoformat(text)
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    """A stored ISO 8601 time as tz-aware UTC (the store writes UTC: a naive text is UTC)."""
+    return parse_aware(text, "stored time", assume_utc=True).astimezone(UTC)
 
 
 def option_to_json(option: OfferingOption) -> dict[str, Any]:
