@@ -42,7 +42,7 @@ from orchestrator.domain.ports import (
     TransientError,
 )
 from orchestrator.domain.snapshot import CapacityBlock
-from orchestrator.fabric.bootstrap import Bootstrap
+from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.policy.models import Policy
@@ -193,6 +193,9 @@ class Executor:
             node_id=node.id, controller_url=self.config.controller_url, join_token=token,
             cluster=policy.cluster if policy else "burst", policy=node.policy, gpus=node.gpus,
             gpu_model=offering.gpu_model or "unknown", boot_delay_s=self.config.boot_delay_s,
+            controller_lease_s=(policy.timeouts.controller_lease.total_seconds() if policy
+                                else DEFAULT_CONTROLLER_LEASE_S),
+            self_terminate=getattr(provider, "self_terminate_command", None) or "",
         )
         tags = OwnershipTags(policy.cluster if policy else "burst", node.policy, node.id, node.request_id)
         request = LaunchRequest(node.request_id, offering, tags, bootstrap.render())

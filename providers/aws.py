@@ -208,6 +208,9 @@ class AwsProvider:
     """
 
     name = PROVIDER_NAME
+    # Instances launch with InstanceInitiatedShutdownBehavior=terminate: a halt ends the instance
+    # (the node agent's dead-man switch uses this when the controller has been gone too long).
+    self_terminate_command = "shutdown -h now"
 
     def __init__(
         self,

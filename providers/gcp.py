@@ -436,6 +436,9 @@ class GcpProvider:
     """The ``Provider`` whose instances are Compute Engine VMs in the configured zones."""
 
     name = PROVIDER_NAME
+    # A guest halt stops the VM (TERMINATED): its GPUs stop billing, spot VMs are deleted
+    # (instance_termination_action DELETE). Used by the node agent's dead-man switch.
+    self_terminate_command = "shutdown -h now"
 
     def __init__(
         self,

@@ -253,6 +253,9 @@ class LibcloudProvider:
     """
 
     name = PROVIDER_NAME
+    # Clouds behind libcloud differ in what a guest halt does (stop and keep billing, or
+    # nothing): no self-termination is offered; the controller terminates the node.
+    self_terminate_command: str | None = None
 
     def __init__(
         self,

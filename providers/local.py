@@ -102,6 +102,8 @@ class LocalProvider:
     """The ``Provider`` whose instances are node-agent processes on this machine."""
 
     name = PROVIDER_NAME
+    # A local node is its agent's process: the agent exiting is the node ending.
+    self_terminate_command: str | None = None
 
     def __init__(
         self,

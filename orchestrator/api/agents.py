@@ -84,7 +84,9 @@ class FinishIn(BaseModel):
     # The run id jobs/next handed out: with it, a run that finished while the controller thought
     # its node gone is still recorded from this report (never re-run). Absent: older agents.
     attempt: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    ended_at: AwareDatetime | None = None  # when the run ended, by the node's clock
+    # When the run ended, by the node's clock: ISO 8601 text in JSON, so not strict (strict
+    # takes only datetime objects), but still only with a timezone.
+    ended_at: AwareDatetime | None = Field(default=None, strict=False)
 
 
 def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
@@ -212,6 +214,8 @@ def router(runtime: Runtime) -> APIRouter:
         joining = registration.node
         heartbeat_s = 1.0 if runtime.settings.tick_s <= 2 else 5.0
         policy = runtime.policies.get(joining.policy)
+        # The node's dead-man switch (the bootstrap has it too; this is the policy of now).
+        lease_s = policy.timeouts.controller_lease.total_seconds() if policy else None
         notice = None
         if policy is not None and policy.fabric.spot_notice is not None:
             config = policy.fabric.spot_notice
@@ -236,13 +240,13 @@ def router(runtime: Runtime) -> APIRouter:
         if spec is not None:
             # Ready once the fabric shows the node usable (the agent reports "joined").
             return {"credential": credential, "heartbeat_s": heartbeat_s, "fabric": spec,
-                    "notice": notice}
+                    "notice": notice, "controller_lease_s": lease_s}
         ready = _advance(runtime, body.node_id, NodeState.READY, "joined the built-in fabric",
                          last_heartbeat=now, idle_since=now)
         if ready is None:
             raise Problem(409, "node changed state", "node is no longer joinable")
         return {"credential": credential, "heartbeat_s": heartbeat_s, "fabric": None,
-                "notice": notice}
+                "notice": notice, "controller_lease_s": lease_s}
 
     @api.post("/heartbeat")
     def heartbeat(body: HeartbeatIn, authorization: str | None = Header(default=None)) -> dict:

@@ -140,6 +140,10 @@ class Provider(Protocol):
     """
 
     name: str
+    # Optional capability, read with getattr (default None): the shell command with which an
+    # instance of this provider stops itself for good (aws, gcp: ``shutdown -h now``), carried to
+    # the node in its bootstrap for the agent's dead-man switch; None where it cannot.
+    # self_terminate_command: str | None
 
     def offerings(self) -> list[Offering]:
         """GPU instance types this provider can launch, with prices."""

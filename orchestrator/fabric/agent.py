@@ -52,7 +52,16 @@ once, with the provider's deadline, without waiting for the controller.
 
 Exit codes: 0 released, stopped by a signal, or drained; 2 unusable bootstrap; 3 the controller
 refused the join token or revoked the credential; 4 the controller stayed unreachable at
-registration; 5 the fabric member failed (e.g. slurmd died).
+registration; 5 the fabric member failed (e.g. slurmd died); 6 the dead-man switch: no good
+answer from the controller for the controller lease.
+
+The dead-man switch: a controller that is gone for good must not leave GPUs running forever. With
+no good answer for ``controller_lease_s`` (the policy's ``timeouts.controller_lease``, from the
+bootstrap and renewed by the registration answer; it runs from the registration, or from a
+restart of this process), the agent drains on its own: SIGTERM to its job's process group (the
+checkpoint cue), SIGKILL after ``DEAD_MAN_GRACE_S``, the fabric's checkpoint drain and leave, a
+clear log line, the bootstrap's ``self_terminate`` command (aws, gcp: ``shutdown -h now``; none
+for libcloud and local nodes), then exit 6.
 
 Standard library only (urllib for HTTP), so the agent starts on a bare cloud image.
 """
@@ -116,6 +125,7 @@ EXIT_BAD_BOOTSTRAP = 2
 EXIT_AUTH = 3
 EXIT_UNREACHABLE = 4
 EXIT_FABRIC = 5
+EXIT_LEASE_EXPIRED = 6  # the dead-man switch: no controller answer for the controller lease
 NOTICE_MARGIN_S = 5.0  # finish a notice drain this long before the provider's deadline
 
 BOOT_DELAY_ENV = "BURST_BOOT_DELAY_S"  # set by the local provider; wins over the bootstrap value
@@ -128,6 +138,8 @@ HTTP_TIMEOUT_S = 10.0
 LAST_WORDS_TIMEOUT_S = 3.0  # on a signal the provider kills us hard after ~5 s
 JOB_STOP_GRACE_S = 3.0
 RELEASE_PATIENCE_S = 30.0
+DEAD_MAN_GRACE_S = 30.0  # the dead-man switch's checkpoint grace: SIGTERM, this long, SIGKILL
+SELF_TERMINATE_TIMEOUT_S = 60.0
 POLL_S = 0.1  # longest the loop sleeps without looking at the signal flag
 
 log = logging.getLogger("burst.agent")
@@ -331,6 +343,7 @@ class Agent:
         self.work_dir = work_dir
         self.api = controller or Controller(boot.controller_url)
         self.heartbeat_s = boot.heartbeat_s
+        self.controller_lease_s = boot.controller_lease_s  # the registration answer may renew it
         self.job: JobRun | None = None
         self._job_ended = threading.Event()
         # Results of ended runs the controller has not acknowledged: on disk first (so they
@@ -404,6 +417,19 @@ class Agent:
         finally:
             if self.notices is not None:
                 self.notices.stop()
+
+    def _take_lease(self, body: dict[str, Any]) -> None:
+        """Registered (or resumed): the controller lease runs from now, for the answer's length."""
+        lease = body.get("controller_lease_s")
+        if lease is not None:
+            try:
+                if float(lease) > 0:
+                    self.controller_lease_s = float(lease)
+            except (TypeError, ValueError):
+                log.warning("ignoring unusable controller_lease_s from the controller")
+        self._last_answer = time.monotonic()
+        log.info("controller lease %.0fs: without an answer that long this node drains itself",
+                 self.controller_lease_s)
 
     def _keep_session(self, body: dict[str, Any]) -> None:
         """Keep the registration answer, so a restart of this process resumes as this node."""
@@ -496,6 +522,8 @@ class Agent:
         while True:
             if self._signalled is not None:
                 return self._stop_on_signal()
+            if self._lease_expired():
+                return self._dead_man()
             self._collect_ended_job()
             self._flush_reports()
             if self._notice_arrived():
@@ -741,8 +769,64 @@ class Agent:
             log.warning("could not report %d job outcome(s) before exiting", len(self._unreported))
         return EXIT_OK
 
+    def _lease_expired(self) -> bool:
+        return time.monotonic() - self._last_answer >= self.controller_lease_s
+
+    def _dead_man(self) -> int:
+        """No answer from the controller for the whole controller lease: it is lost, and this
+        node must not run (and bill) forever. Drain safely on our own, then stop the instance."""
+        log.error(
+            "no answer from the controller for %.0fs (controller lease %.0fs): dead-man switch, "
+            "draining this node on its own and stopping it",
+            time.monotonic() - self._last_answer, self.controller_lease_s)
+        if self.job is not None:
+            log.warning("checkpoint signal to job %s: SIGTERM, SIGKILL after %.0fs",
+                        self.job.spec.id, DEAD_MAN_GRACE_S)
+            self.job.stop(grace_s=DEAD_MAN_GRACE_S)
+            self._collect_ended_job()  # its result stays on disk for a controller that returns
+        if self.member is not None:
+            self._leave_fabric()
+        try:
+            self._flush_reports(timeout_s=LAST_WORDS_TIMEOUT_S, force=True)
+        except Revoked:
+            pass
+        forget_session(self.work_dir)
+        self._self_terminate()
+        return EXIT_LEASE_EXPIRED
+
+    def _leave_fabric(self) -> None:
+        """The fabric's own checkpoint drain, within the grace (its controller may still be up
+        when ours is not), then stop the member."""
+        deadline = datetime.now(UTC) + timedelta(seconds=DEAD_MAN_GRACE_S)
+        give_up_at = time.monotonic() + DEAD_MAN_GRACE_S + 5.0
+        try:
+            while not self.member.drain_step(deadline) and time.monotonic() < give_up_at:
+                self._sleep_ignoring_jobs(POLL_S)
+        except Exception as exc:  # noqa: BLE001 - the node goes anyway; say why the drain did not
+            log.warning("the fabric drain failed (%s); leaving the fabric regardless", exc)
+        self.member.stop()
+
+    def _self_terminate(self) -> None:
+        command = self.boot.self_terminate
+        if not command:
+            log.warning("this provider gives an instance no way to stop itself: exiting; the "
+                        "controller (or its operator) must terminate this node")
+            return
+        log.warning("stopping this instance: %s", command)
+        try:
+            done = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=SELF_TERMINATE_TIMEOUT_S,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("the self-terminate command failed: %s", exc)
+            return
+        if done.returncode != 0:
+            log.error("the self-terminate command exited with %d: %s", done.returncode,
+                      done.stderr.decode(errors="replace").strip()[:500])
+
     def _setup_fabric(self, body: dict[str, Any]) -> int | None:
         """Start the joined fabric's member and the notice watcher from the registration answer."""
+        self._take_lease(body)
         self._keep_session(body)
         notice = body.get("notice")
         if isinstance(notice, dict) and notice.get("url"):
@@ -792,6 +876,8 @@ class Agent:
         while True:
             if self._signalled is not None:
                 return self._stop_on_signal()
+            if self._lease_expired():
+                return self._dead_man()
             member.poll()
             if self._notice_arrived():
                 next_heartbeat = 0.0

@@ -50,7 +50,11 @@ ENV_NAMES = {
     "gpu_model": "BURST_GPU_MODEL",
     "boot_delay_s": "BURST_BOOT_DELAY_S",
     "heartbeat_s": "BURST_HEARTBEAT_S",
+    "controller_lease_s": "BURST_CONTROLLER_LEASE_S",
+    "self_terminate": "BURST_SELF_TERMINATE",
 }
+
+DEFAULT_CONTROLLER_LEASE_S = 1800.0  # the policy's timeouts.controller_lease default (30m)
 
 _REQUIRED_TEXT = ("node_id", "controller_url", "join_token", "cluster", "policy")
 
@@ -68,14 +72,19 @@ class Bootstrap:
     gpu_model: str
     boot_delay_s: float = 0.0
     heartbeat_s: float = 2.0
+    # The dead-man switch: no answer from the controller this long, and the node drains itself
+    # and runs ``self_terminate`` (a shell command; empty: the provider gives no way to).
+    controller_lease_s: float = DEFAULT_CONTROLLER_LEASE_S
+    self_terminate: str = ""
 
     def __post_init__(self) -> None:
         for name in _REQUIRED_TEXT:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"bootstrap field {name!r} must be a non-empty string")
-        if not isinstance(self.gpu_model, str):
-            raise ValueError("bootstrap field 'gpu_model' must be a string")  # noqa: TRY004
+        for name in ("gpu_model", "self_terminate"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"bootstrap field {name!r} must be a string")  # noqa: TRY004
         if not self.controller_url.startswith(("http://", "https://")):
             raise ValueError(
                 f"bootstrap controller_url must start with http:// or https://, "
@@ -84,7 +93,8 @@ class Bootstrap:
         # bool is an int subclass; True GPUs is a bug, not a count.
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
             raise ValueError(f"bootstrap field 'gpus' must be an integer >= 0, got {self.gpus!r}")
-        for name, minimum_exclusive in (("boot_delay_s", None), ("heartbeat_s", 0.0)):
+        for name, minimum_exclusive in (
+                ("boot_delay_s", None), ("heartbeat_s", 0.0), ("controller_lease_s", 0.0)):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -186,9 +196,11 @@ class Bootstrap:
         values: dict[str, object] = {
             name: env[ENV_NAMES[name]] for name in (*_REQUIRED_TEXT, "gpu_model")
         }
+        if ENV_NAMES["self_terminate"] in env:
+            values["self_terminate"] = env[ENV_NAMES["self_terminate"]]
         try:
             values["gpus"] = int(env[ENV_NAMES["gpus"]])
-            for name in ("boot_delay_s", "heartbeat_s"):
+            for name in ("boot_delay_s", "heartbeat_s", "controller_lease_s"):
                 if ENV_NAMES[name] in env:
                     values[name] = float(env[ENV_NAMES[name]])
         except ValueError as exc:
@@ -201,5 +213,7 @@ class Bootstrap:
             f"Bootstrap(node_id={self.node_id!r}, controller_url={self.controller_url!r}, "
             f"join_token='***', cluster={self.cluster!r}, policy={self.policy!r}, "
             f"gpus={self.gpus!r}, gpu_model={self.gpu_model!r}, "
-            f"boot_delay_s={self.boot_delay_s!r}, heartbeat_s={self.heartbeat_s!r})"
+            f"boot_delay_s={self.boot_delay_s!r}, heartbeat_s={self.heartbeat_s!r}, "
+            f"controller_lease_s={self.controller_lease_s!r}, "
+            f"self_terminate={self.self_terminate!r})"
         )

@@ -258,12 +258,23 @@ class Timeouts(PolicyModel):
         default=timedelta(minutes=2),
         description="A joined node whose agent is silent this long is failed and replaced.",
     )
+    controller_lease: Duration = Field(
+        default=timedelta(minutes=30),
+        description=(
+            "The node side's dead-man switch: an agent that has had no answer from the controller "
+            "this long drains itself (SIGTERM to its job, then SIGKILL after a grace), leaves its "
+            "fabric and stops its instance where the provider lets it; at least `heartbeat`."
+        ),
+    )
 
     @model_validator(mode="after")
     def _positive(self) -> Timeouts:
-        for name in ("launch", "boot", "join", "terminate", "heartbeat"):
+        for name in ("launch", "boot", "join", "terminate", "heartbeat", "controller_lease"):
             if getattr(self, name) <= timedelta(0):
                 raise field_problem(name, "must be longer than 0s")
+        if self.controller_lease < self.heartbeat:
+            # Shorter, a node would drain itself while the controller still counts it alive.
+            raise field_problem("controller_lease", "must be at least timeouts.heartbeat")
         return self
 
 

@@ -162,7 +162,7 @@ class AgentProcess:
 def start_agent(tmp_path: Path, controller: Controller) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
-    def start(**env_extra: str) -> AgentProcess:
+    def start(boot_overrides: dict[str, Any] | None = None, **env_extra: str) -> AgentProcess:
         node_id = f"node-{len(started)}-{secrets.token_hex(3)}"
         boot = Bootstrap(
             node_id=node_id,
@@ -174,6 +174,7 @@ def start_agent(tmp_path: Path, controller: Controller) -> Iterator[Callable[...
             gpu_model="simulated",
             boot_delay_s=0.0,
             heartbeat_s=HEARTBEAT_S,
+            **(boot_overrides or {}),
         )
         user_data = tmp_path / f"{node_id}.user-data"
         user_data.write_text(boot.render())
@@ -539,3 +540,18 @@ def test_a_cancelled_job_is_stopped_and_the_node_takes_work_again(
     assert controller.finished["next"]["outcome"] == "done"
     assert agent.proc.poll() is None  # no drain: the node stays, idle, for the planner to judge
     assert "job doomed was cancelled or has ended" in agent.stderr
+
+
+def test_the_controller_lease_from_the_bootstrap_stops_an_idle_node(
+    controller: Controller, start_agent, tmp_path: Path
+) -> None:
+    # No lease in the registration answer (an older controller): the bootstrap's counts.
+    stopped = tmp_path / "instance-stopped"
+    agent = start_agent({"controller_lease_s": 1.0, "self_terminate": f"touch {stopped}"})
+    wait_for(lambda: controller.heartbeats(), what="a heartbeat")
+    controller.down = True
+    assert agent.wait(timeout=60) == 6
+    assert stopped.exists()
+    assert "dead-man switch" in agent.stderr
+    assert not (agent.work_dir / "session.json").exists()  # a restart must not resume this node
+    assert_clean_log(agent, controller)

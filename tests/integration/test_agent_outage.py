@@ -118,3 +118,45 @@ def test_a_run_finished_during_an_outage_is_delivered_after_it_and_not_rerun(
     finally:
         agent.kill()
         server.stop()
+
+
+def test_past_the_controller_lease_the_node_checkpoints_its_job_and_stops_itself(
+        store: Store, tmp_path: Path) -> None:
+    # The lease reaches the agent in the registration answer, from the policy.
+    from tests.builders import make_policy
+
+    rig = make_rig(store, policy=make_policy(timeouts={"heartbeat": "1s",
+                                                       "controller_lease": "3s"}))
+    rt = replace(runtime_of(rig, tmp_path),
+                 settings=Settings(state_dir=tmp_path / "state", tick_s=1.0))
+    node = add_node(rig, 1, "research")
+    [request] = rig.provider.requests.values()
+    server = ApiServer(create_app(rt), "127.0.0.1", 0)
+    port = server.start()
+    stopped, saved, started = tmp_path / "stopped", tmp_path / "saved", tmp_path / "started"
+    # A harmless stand-in for the provider's `shutdown -h now`.
+    boot = replace(Bootstrap.parse(request.user_data), controller_url=f"http://127.0.0.1:{port}",
+                   self_terminate=f"touch {stopped}")
+    assert boot.controller_lease_s == 3.0  # the executor rendered the policy's lease
+    user_data = tmp_path / "n1.user-data"
+    user_data.write_text(boot.render())
+    job = rig.store.submit_job(
+        "research", POOL, node.gpus, 0, None,
+        f"trap 'echo saved > {saved}; exit 0' TERM; touch {started}; "
+        "while :; do sleep 0.05; done", rig.now)
+    agent = Agent(user_data, tmp_path / "n1.work", tmp_path / "n1.log")
+    try:
+        agent.start()
+        wait_for(started.exists, WAIT_S, "the job to start on the node")
+        server.stop()  # the controller is gone, for longer than the lease
+        assert agent.proc is not None and agent.proc.wait(WAIT_S) == 6
+        assert saved.read_text() == "saved\n"  # the job got its checkpoint signal
+        assert stopped.exists()  # and the instance stopped itself
+        text = agent.text
+        assert "controller lease 3s" in text and "dead-man switch" in text
+        # The hand-back is kept on disk for a controller that comes back.
+        [result] = (agent.work_dir / "results").glob("*.json")
+        assert '"handed-back"' in result.read_text() and job.id in result.read_text()
+    finally:
+        agent.kill()
+        server.stop()

@@ -165,3 +165,30 @@ def test_from_env_requires_the_variables() -> None:
 
 def test_repr_hides_the_join_token() -> None:
     assert "jt-s3cr3t-token" not in repr(make())
+
+
+def test_the_dead_man_switch_fields_round_trip_and_are_checked() -> None:
+    boot = make(controller_lease_s=90, self_terminate="shutdown -h now")
+    parsed = Bootstrap.parse(boot.render())
+    assert parsed == boot and parsed.controller_lease_s == 90.0
+    assert "export BURST_SELF_TERMINATE='shutdown -h now'" in boot.render()
+    env = {ENV_NAMES[k]: str(v) for k, v in vars(boot).items()}
+    assert Bootstrap.from_env(env) == boot
+    assert make().controller_lease_s == 1800.0 and make().self_terminate == ""  # 30m, none
+    for bad in (0, -1, float("inf"), "30m", True):
+        with pytest.raises(ValueError, match="controller_lease_s"):
+            make(controller_lease_s=bad)
+    with pytest.raises(ValueError, match="self_terminate"):
+        make(self_terminate=None)
+
+
+def test_aws_and_gcp_instances_can_stop_themselves_libcloud_and_local_cannot() -> None:
+    from providers.aws import AwsProvider
+    from providers.gcp import GcpProvider
+    from providers.libcloud_driver import LibcloudProvider
+    from providers.local import LocalProvider
+
+    assert AwsProvider.self_terminate_command == "shutdown -h now"
+    assert GcpProvider.self_terminate_command == "shutdown -h now"
+    assert LibcloudProvider.self_terminate_command is None
+    assert LocalProvider.self_terminate_command is None
