@@ -197,6 +197,16 @@ def load_catalog(provider: str) -> list[Offering]:
     return [offering for offering, _, _ in _bundled(_check_provider(provider))]
 
 
+def catalog_rows(provider: str) -> tuple[tuple[Offering, str, str], ...]:
+    """Every bundled row of ``provider`` as (offering, price_date, source)."""
+    return _bundled(_check_provider(provider))
+
+
+def override_rows(path: str | os.PathLike[str]) -> list[tuple[Offering, str]]:
+    """Every row of an override file as (offering, price_date); [] if it is absent."""
+    return [(offering, price_date) for offering, price_date, _ in _read_overrides(Path(path))]
+
+
 def catalog_info(provider: str) -> dict[str, Any]:
     """What the bundled catalogue of ``provider`` holds: file, row counts, price dates, sources."""
     rows = _bundled(_check_provider(provider))

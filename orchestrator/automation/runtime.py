@@ -14,7 +14,11 @@ _lock = threading.Lock()
 
 
 def policies_from(settings: Settings) -> list[Policy]:
-    return [load_policy(path) for path in (settings.policy_files or [DEFAULT_POLICY_PATH])]
+    """The deployment's policies, accelerators expanded and checked against the catalogues."""
+    from orchestrator.catalogue_check import resolve_with_catalogue
+
+    files = list(settings.policy_files or [DEFAULT_POLICY_PATH])
+    return resolve_with_catalogue([load_policy(path) for path in files], files)[0]
 
 
 def policy_names_from(settings: Settings) -> list[str]:

@@ -76,8 +76,10 @@ def open_store(settings: Settings):
     return store
 
 
-def load_policies(paths: list[Path] | None) -> list[Policy]:
-    """Load policy files (the shipped default when none is given); exit 2 listing every problem."""
+def load_policies(paths: list[Path] | None, notes: list[str] | None = None) -> list[Policy]:
+    """Load policy files (the shipped default when none is given), expand their accelerators and
+    check them against the provider catalogues; exit 2 listing every problem. ``notes`` collects
+    the catalogue's warnings and what it filled in or expanded (shown by `plan`)."""
     paths = paths or [DEFAULT_POLICY]
     policies: list[Policy] = []
     problems: list[str] = []
@@ -94,6 +96,16 @@ def load_policies(paths: list[Path] | None) -> list[Policy]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         fail(f"several policies are named {', '.join(duplicates)}; policy names must be unique")
+    from orchestrator.catalogue_check import resolve_with_catalogue
+
+    try:
+        policies, found = resolve_with_catalogue(policies, list(paths))
+    except PolicyError as exc:
+        for problem in exc.problems:
+            err.print(str(problem), markup=False)
+        raise typer.Exit(2) from None
+    if notes is not None:
+        notes.extend(str(p) for p in found)
     return policies
 
 

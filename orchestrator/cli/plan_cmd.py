@@ -44,7 +44,8 @@ def plan_command(
         observe_live,
     )
 
-    policies = load_policies(policy)
+    catalogue_notes: list[str] = []
+    policies = load_policies(policy, catalogue_notes)
     settings = load_settings()
     try:
         if snapshot is None:
@@ -68,6 +69,8 @@ def plan_command(
     if as_json:
         print_json(plan_to_json(result))
         return
+    for line in catalogue_notes:
+        err.print(line, markup=False)
     for note in observed.notes:
         err.print(f"note: {note}", markup=False)
     if save_snapshot is not None:

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from orchestrator.catalogue_check import resolve_with_catalogue
 from orchestrator.policy import Policy, PolicyError, Problem, load_policy
 from orchestrator.policy.schema import field_reference_markdown, policy_json_schema_text
 
@@ -43,6 +44,7 @@ class _Result:
     file: str
     policy: Policy | None = None
     problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)  # catalogue warnings, fills, expansions
 
     @property
     def ok(self) -> bool:
@@ -56,6 +58,11 @@ class _Result:
                 {"line": p.line, "column": p.column, "path": p.path, "message": p.message}
                 for p in self.problems
             ],
+            "notes": [
+                {"line": p.line, "column": p.column, "path": p.path, "message": p.message}
+                for p in self.notes
+            ],
+            "offerings": [o.key for o in self.policy.offerings] if self.ok and self.policy else [],
         }
 
 
@@ -66,7 +73,11 @@ def _validate_file(name: str) -> _Result:
         if path.is_dir():
             hint = f"is a directory; name the policy files in it, e.g. {name.rstrip('/')}/*.yaml"
             return _Result(name, problems=[Problem(name, 1, 1, "<file>", hint)])
-        return _Result(name, policy=load_policy(path))
+        policy = load_policy(path)
+        # Checked against the provider catalogues too (an unknown type or region is an error
+        # here, not a "no usable offering" decision every tick at run time).
+        [expanded], notes = resolve_with_catalogue([policy], [path])
+        return _Result(name, policy=expanded, notes=notes)
     except PolicyError as exc:
         return _Result(name, problems=list(exc.problems))
     except Exception as exc:  # noqa: BLE001 - a validator must report, never crash
@@ -102,6 +113,8 @@ def validate(
                     f" (policy {result.policy.name}, {count} offering{'s' if count != 1 else ''})"
                 )
                 _out.print(line)
+            for note in result.notes:
+                _err.print(Text(str(note)))
             for problem in result.problems:
                 _err.print(Text(str(problem)))
     if not all(r.ok for r in results):

@@ -20,6 +20,7 @@ from pydantic import AwareDatetime, Field, model_validator
 
 from orchestrator.policy.units import Duration, Money
 
+from orchestrator.policy.accelerators import AcceleratorSpec
 from orchestrator.policy.base import CloudName, Name, PolicyModel, Text, field_problem
 from orchestrator.policy.bounds import (
     MAX_GPUS_PER_NODE,
@@ -31,25 +32,9 @@ from orchestrator.policy.bounds import (
     MAX_USD,
     MAX_WEIGHT,
 )
+from orchestrator.policy.enums import Market, ProviderName
 from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.providers import ProviderSettings
-
-
-class ProviderName(StrEnum):
-    """The provider adapters burst ships. ``local`` and ``sim`` need no cloud account."""
-
-    LOCAL = "local"  # nodes are local processes running the node agent (embedded default)
-    SIM = "sim"  # simulated cloud on a virtual clock, for the simulator
-    AWS = "aws"  # EC2 through boto3
-    GCP = "gcp"  # Compute Engine through google-cloud-compute
-    LIBCLOUD = "libcloud"  # any apache-libcloud compute driver
-
-
-class Market(StrEnum):
-    """How an instance is bought."""
-
-    SPOT = "spot"  # interruptible, cheaper; may fail for lack of capacity more often
-    ON_DEMAND = "on-demand"  # regular price, not interrupted
 
 
 class QueueSourceKind(StrEnum):
@@ -490,7 +475,15 @@ class Policy(PolicyModel):
     queue: QueueConfig = Field(default_factory=QueueConfig, description="Queue source.")
     trigger: Trigger = Field(default_factory=Trigger, description="When to burst.")
     offerings: list[OfferingSpec] = Field(
-        min_length=1, description="Cloud node kinds the pool may launch."
+        default_factory=list,
+        description="Cloud node kinds the pool may launch (this list, plus what accelerators "
+        "expands to; at least one of the two).",
+    )
+    accelerators: list[AcceleratorSpec] = Field(
+        default_factory=list,
+        description="Shorthand for offerings by GPU part and count (e.g. A100-80GB:8), expanded "
+        "from the bundled catalogues when the policy is loaded for use; `burst policy validate` "
+        "shows the expansion.",
     )
     limits: Limits = Field(default_factory=Limits, description="Hard limits.")
     scale_down: ScaleDown = Field(default_factory=ScaleDown, description="Scale-down rules.")
@@ -524,6 +517,9 @@ class Policy(PolicyModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
+        if not self.offerings and not self.accelerators:
+            raise field_problem("offerings", "list at least one offering (or an accelerators "
+                                "entry): the pool has nothing it may launch")
         seen: set[str] = set()
         for index, project in enumerate(self.projects):
             if project.name in seen:
@@ -551,7 +547,7 @@ class Policy(PolicyModel):
                     raise field_problem(
                         f"offerings[{index}].instance_type",
                         f"{offering.instance_type!r} is not among providers.libcloud.sizes")
-        if self.limits.min_nodes and not any(
+        if self.limits.min_nodes and not self.accelerators and not any(
             (o.max_nodes is None or o.max_nodes > 0) for o in self.offerings
         ):
             raise field_problem("limits.min_nodes", "no offering may launch a node")

@@ -146,7 +146,9 @@ def test_validate_json(runs: Runs) -> None:
     assert result.returncode == 1
     assert result.stderr == ""
     report = json.loads(result.stdout)
-    assert report[0] == {"file": str(DEFAULT), "ok": True, "problems": []}
+    assert {k: report[0][k] for k in ("file", "ok", "problems", "notes")} == {
+        "file": str(DEFAULT), "ok": True, "problems": [], "notes": []}
+    assert report[0]["offerings"]  # the offerings the policy plans with (accelerators expanded)
     assert report[1]["file"] == str(runs.bad_file)
     assert report[1]["ok"] is False
     assert [(p["line"], p["column"], p["path"]) for p in report[1]["problems"]] == [
@@ -171,3 +173,54 @@ def test_reference_matches_the_shipped_doc(runs: Runs) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# Policy field reference\n")
     assert result.stdout == (ROOT / "docs" / "policy-reference.md").read_text(encoding="utf-8")
+
+
+CATALOGUE_HEAD = """\
+version: 1
+name: cat
+pool: {name: gpu, onprem: {nodes: 1, gpus_per_node: 4}}
+providers:
+  aws: {ami: ami-0a1b2c3d4e5f67890}
+  gcp: {project: p, image: projects/p/global/images/i}
+"""
+
+
+def test_validate_checks_the_catalogue_at_file_line_col(tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(CATALOGUE_HEAD + """\
+offerings:
+  - {provider: aws, region: us-east-1, instance_type: p4d.24xlrge, market: spot}
+  - {provider: aws, region: us-east-9, instance_type: p4d.24xlarge}
+""")
+    result = run_policy_cli("validate", bad)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert f"{bad}:8:40: offerings[0].instance_type: 'p4d.24xlrge' is not a GPU instance type of aws; did you mean 'p4d.24xlarge'" in lines[0]
+    assert lines[1].startswith(f"{bad}:9:21: offerings[1].region: aws has no GPU offerings in region 'us-east-9'")
+    assert "ok" not in result.stdout
+
+
+def test_validate_and_plan_show_the_accelerator_expansion(tmp_path):
+    good = tmp_path / "acc.yaml"
+    good.write_text(CATALOGUE_HEAD + """\
+trigger: {pending_gpus_above: 0}
+accelerators:
+  - {accelerator: "A100-80GB:8", providers: [aws, gcp], regions: [us-east-1, us-central1]}
+""")
+    result = run_policy_cli("validate", good)
+    assert result.returncode == 0, result.stderr
+    assert "ok (policy cat, 2 offerings)" in result.stdout
+    assert "accelerators[0].accelerator: info: A100-80GB:8 expands to 2 offering(s): " \
+           "aws/us-east-1/-/p4de.24xlarge/on-demand, gcp/us-central1/-/a2-ultragpu-8g/on-demand" \
+           in result.stderr
+    snapshot = tmp_path / "world.json"
+    snapshot.write_text(json.dumps({"taken_at": "2026-12-01T12:00:00Z", "queues": {"gpu": {
+        "pool": "gpu", "onprem": {"total_gpus": 4, "free_gpus": 0},
+        "pending": [{"id": "j1", "project": "nlp", "pool": "gpu", "gpus": 8,
+                     "submitted_at": "2026-12-01T11:00:00Z", "duration_s": 3600}]}}}))
+    from tests.e2e.helpers import run_burst
+
+    plan = run_burst("plan", "-p", str(good), "--snapshot", str(snapshot),
+                     env={"BURST_STATE_DIR": str(tmp_path / "state")}, check=True)
+    assert "expands to 2 offering(s)" in plan.stderr
+    assert "a2-ultragpu-8g" in plan.stdout and "p4de.24xlarge" in plan.stdout
