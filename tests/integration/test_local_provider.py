@@ -213,6 +213,8 @@ def test_launch_is_idempotent_on_the_request_id(make_provider, state_dir, marker
     [again] = provider.launch(req)
     assert again.id == first.id and again.state is InstanceState.RUNNING
     assert len(records(state_dir)) == 1
+    # The instance's shell execs the agent: under load that can lag the launch's return.
+    wait_for(lambda: len(instances_with(marker)) == 1, timeout=30, what="one instance process")
     assert len(instances_with(marker)) == 1
 
 
@@ -235,6 +237,8 @@ def test_concurrent_launches_of_one_request_from_two_threads(
         results = [f.result(timeout=10) for f in [pool.submit(launch, p) for p in providers]]
     assert results[0] == results[1]
     assert len(records(state_dir)) == 1
+    # The instance's shell execs the agent: under load that can lag the launch's return.
+    wait_for(lambda: len(instances_with(marker)) == 1, timeout=30, what="one instance process")
     assert len(instances_with(marker)) == 1
 
 
@@ -270,6 +274,8 @@ def test_concurrent_launches_of_one_request_from_two_processes(state_dir, marker
     assert [p.returncode for p in launchers] == [0, 0]
     assert outputs[0] == outputs[1] and outputs[0].startswith("lcl-")
     assert len(records(state_dir)) == 1
+    # The instance's shell execs the agent: under load that can lag the launch's return.
+    wait_for(lambda: len(instances_with(marker)) == 1, timeout=30, what="one instance process")
     assert len(instances_with(marker)) == 1
 
 
@@ -298,6 +304,8 @@ def test_a_new_provider_object_sees_the_same_fleet(make_provider, marker) -> Non
     assert [i.id for i in after.list_owned("lab")] == [instance.id]
     [relaunch] = after.launch(req)
     assert relaunch.id == instance.id
+    # The instance's shell execs the agent: under load that can lag the launch's return.
+    wait_for(lambda: len(instances_with(marker)) == 1, timeout=30, what="one instance process")
     assert len(instances_with(marker)) == 1
 
     # The new object never spawned the process, so it must kill it without owning the child.
@@ -412,7 +420,8 @@ def test_capacity_file_simulates_a_stockout(make_provider, state_dir, tmp_path, 
     assert caught.value.provider == "local"
     two_gpu = next(o for o in default_offerings() if o.instance_type == "local.2gpu")
     provider.launch(request(offering=two_gpu))  # other offerings unaffected
-    assert len(records(state_dir)) == 2 and len(instances_with(marker)) == 2
+    assert len(records(state_dir)) == 2
+    wait_for(lambda: len(instances_with(marker)) == 2, timeout=30, what="two instance processes")
 
     capacity.write_text("")
     [instance] = provider.launch(req)  # the stockout is over
