@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cli.common import age, fail, load_policies, load_settings, open_store, out, print_json
+from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
 from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import NodeState
 from orchestrator.policy import parse_duration
@@ -61,7 +63,8 @@ def submit_command(
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                    as_json: Annotated[bool, typer.Option("--json")] = False,
                    all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False) -> None:
-    """Show the queue, on-prem usage and every burst node."""
+    """Show the queue (and what holds each pending job), on-prem usage, each policy's last
+    decision, limits and budgets, and every burst node."""
     from orchestrator.sources.builtin import BuiltinQueue
 
     policies = load_policies(policy)
@@ -76,7 +79,9 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             busy[job.node_id] = busy.get(job.node_id, 0) + job.gpus
     blocks = store.capacity_blocks(now)
     pending = store.jobs(states=[JobState.PENDING])
+    overview, latest = policy_overview(store, policies, now)
     store.close()
+    reasons = job_reasons(pending, policies, latest)
     data = {
         "at": now.isoformat(),
         "pools": [{
@@ -85,8 +90,10 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             "pending_jobs": len(q.pending), "pending_gpus": sum(j.gpus for j in q.pending),
             "running_onprem_jobs": q.running_onprem_jobs, "running_burst_jobs": q.running_burst_jobs,
         } for q in queues.values()],
+        "policies": overview,
         "queue": [{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus, "priority": j.priority,
-                   "wait_s": round((now - j.submitted_at).total_seconds(), 1)} for j in pending],
+                   "wait_s": round((now - j.submitted_at).total_seconds(), 1),
+                   "held_back": reasons[j.id]} for j in pending],
         "nodes": [{
             "id": n.id, "state": str(n.state), "age_s": round((now - n.created_at).total_seconds(), 1),
             "in_state_s": round((now - n.state_since).total_seconds(), 1), "provider": n.provider,
@@ -107,12 +114,15 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
         pools.add_row(p["pool"], f"{p['onprem_gpus_busy']}/{p['onprem_gpus']}", str(p["pending_jobs"]),
                       str(p["pending_gpus"]), str(p["running_onprem_jobs"]), str(p["running_burst_jobs"]))
     out.print(pools)
+    for table in overview_tables(overview):
+        out.print(table)
     if pending:
         queue = Table(title=f"queue ({len(pending)} pending)")
-        for col in ("job", "project", "GPUs", "priority", "waiting"):
+        for col in ("job", "project", "GPUs", "priority", "waiting", "held back by"):
             queue.add_column(col)
         for j in data["queue"][:30]:
-            queue.add_row(j["id"], j["project"], str(j["gpus"]), str(j["priority"]), age(j["wait_s"]))
+            queue.add_row(escape(j["id"]), escape(j["project"]), str(j["gpus"]), str(j["priority"]),
+                          age(j["wait_s"]), escape(j["held_back"]["text"]))
         out.print(queue)
     table = Table(title=f"burst nodes ({len(nodes)})")
     for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "$/h", "project"):
