@@ -118,9 +118,11 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
     # The floor is the pool's: GPUs that other policies keep in the pool count toward it.
+    # The floor is of *free* GPUs (a scheduled experiment needs them idle): GPUs busy with jobs
+    # do not count toward it.
     others = floor = 0
     if prewarm is not None:
-        others = sum(n.gpus for n in snapshot.nodes
+        others = sum(_free_gpus(n) for n in snapshot.nodes
                      if n.pool == pool and n.policy != name and _staying(n))
         floor = max(prewarm.gpus - others, 0)  # this policy's share
 
@@ -219,8 +221,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     if prewarm is not None:
         if budget is None and candidates:
             budget = pool_budget(policy, nodes, candidates)
-        have = others + census.staying_gpus
-        have += sum(lc.offering.gpus for lc in launches)  # this tick's launches count too
+        # Free GPUs ready or starting: less what pending work is about to take on them (jobs
+        # fitted onto burst nodes up or booting); this tick's launches are for demand, so busy.
+        free = sum(_free_gpus(n) for n in census.nodes if _staying(n))
+        have = others + max(free - demand.absorbed_burst_gpus(), 0)
         warm = _prewarm(policy, prewarm, have, candidates, rejected, budget,
                         pool in snapshot.paused_pools, now, did, start=len(launches), books=books)
         held_back = tuple(dict.fromkeys(held_back + warm.held_back))
@@ -307,6 +311,11 @@ def _held_gpus(nodes: list[Node]) -> dict[str, int]:
     return held
 
 
+def _free_gpus(node: Node) -> int:
+    """GPUs of a node not running anything (all of them while it is still starting)."""
+    return node.gpus - node.gpus_busy if node.state is _READY else node.gpus
+
+
 def _staying(node: Node) -> bool:
     """Alive and not leaving: what min_nodes and a pre-warm floor count."""
     return node.state is _READY or node.state in _IN_FLIGHT
@@ -323,8 +332,9 @@ class _Prewarm:
 def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: list[Candidate],
              rejected: list[OfferingOption], budget: Budget | None, paused: bool, now: datetime,
              did: str, start: int, books: BudgetBook | None = None) -> _Prewarm:
-    """Launch what the pool's pre-warm floor lacks: ``request.gpus`` burst GPUs ready or starting
-    (``have`` of them already are, this tick's launches included) until ``request.until``.
+    """Launch what the pool's pre-warm floor lacks: ``request.gpus`` free burst GPUs ready or
+    starting (``have`` of them already are) until ``request.until``; nothing once a node could
+    not be ready (``trigger.expected_boot``) before the floor ends.
 
     The offering is the one covering the gap for the least money per hour (node count x price),
     then the next ones should its own ``max_nodes`` or a budget (spot-only, say) bind; a pool-wide
@@ -338,6 +348,12 @@ def _prewarm(policy: Policy, request: PrewarmRequest, have: int, candidates: lis
         return _Prewarm([], f"{text}: {have} GPU(s) ready or starting, the floor is met")
     if paused:
         return _Prewarm([], f"{text}: {gap} GPU(s) short, held while the pool is paused")
+    boot = policy.trigger.expected_boot
+    if request.until - now <= boot:
+        # A node launched now would be ready only after the floor ends: all cost, no use.
+        return _Prewarm([], f"{text}: {gap} GPU(s) short, but a node launched now would not be "
+                            f"ready before the floor ends (trigger.expected_boot "
+                            f"{boot.total_seconds():.0f}s)")
     if budget is None:
         why = "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
         return _Prewarm([], f"{text}: {gap} GPU(s) short, no usable offering ({why})")

@@ -1,6 +1,6 @@
 """The planner's pre-warm floor, case by case: launches, limits, scale-down and pause.
 
-A pre-warm asks for at least N burst GPUs (ready or starting) for a pool until a time. Each case
+A pre-warm asks for at least N free burst GPUs (ready or starting) for a pool until a time. Each case
 starts from the "instant" base policy of ``tests.builders`` (8-GPU $10/h on-demand offering, no
 on-prem, no hysteresis, no cooldowns) and a pre-warm of the pool ``gpu``; it asserts the actions
 (as sorted short tuples, so a missing or extra action fails) and the decision record.
@@ -99,16 +99,31 @@ CASES = [
          gpus=24, snapshot={"nodes": [make_node("n1", state=S.BOOTING),
                                       make_node("n2", state=S.REQUESTED)]},
          actions=launch(1), chosen=G8_KEY, summary=("16 GPU(s) ready or starting",)),
-    Case("counts-ready-gpus-busy-or-not",
-         snapshot={"nodes": [busy("n1"), make_node("n2", state=S.JOINING)]},
+    Case("counts-free-ready-gpus",
+         snapshot={"nodes": [idle("n1"), make_node("n2", state=S.JOINING)]},
          summary=("floor is met",)),
+    Case("busy-gpus-do-not-count",  # 8 of 16 free: one more node, not a met floor
+         snapshot={"nodes": [busy("n1"), make_node("n2", state=S.JOINING)]},
+         actions=launch(1), chosen=G8_KEY, summary=("8 GPU(s) ready or starting",)),
+    Case("partly-busy-node-counts-its-free-gpus",
+         gpus=8, snapshot={"nodes": [make_node("n1", state=S.READY, gpus_busy=4, running_jobs=1)]},
+         actions=launch(1), chosen=G8_KEY, summary=("4 GPU(s) ready or starting",)),
+    Case("pending-work-fitted-on-a-booting-node-takes-its-gpus",
+         gpus=8, snapshot={"nodes": [make_node("n1", state=S.BOOTING)], "jobs": [job(1)]},
+         actions=launch(1), chosen=G8_KEY),
+    Case("no-launch-that-could-not-be-ready-before-the-end",
+         until=T0 + 5 * M, actions=[],
+         summary=("16 GPU(s) short", "would not be ready before the floor ends")),
     Case("draining-and-failed-nodes-do-not-count",
          gpus=8, snapshot={"nodes": [make_node("n1", state=S.DRAINING, drain_deadline=T0 + M),
                                      make_node("n2", state=S.FAILED)]},
          actions=launch(1), chosen=G8_KEY),
     Case("nodes-of-another-policy-in-the-pool-count",
-         gpus=8, snapshot={"nodes": [busy("n1", policy="other")]},
+         gpus=8, snapshot={"nodes": [idle("n1", policy="other")]},
          summary=("floor is met",)),
+    Case("busy-nodes-of-another-policy-do-not-count",
+         gpus=8, snapshot={"nodes": [busy("n1", policy="other")]},
+         actions=launch(1), chosen=G8_KEY),
     Case("nodes-of-another-pool-do-not-count",
          gpus=8, snapshot={"nodes": [busy("n1", policy="other", pool="cpu")]},
          actions=launch(1), chosen=G8_KEY),
@@ -126,7 +141,7 @@ CASES = [
          summary=("held back by limits.max_nodes",)),
     Case("max-nodes-reached-launches-nothing", policy={"limits": {"max_nodes": 1}},
          snapshot={"nodes": [busy("n1")]}, held_back=("limits.max_nodes",),
-         summary=(f"pre-warming 16 GPUs until {UNTIL_TEXT}", "8 GPU(s) short")),
+         summary=(f"pre-warming 16 GPUs until {UNTIL_TEXT}", "16 GPU(s) short")),
     Case("max-hourly-spend-binds", gpus=24, policy={"limits": {"max_hourly_spend_usd": 25}},
          actions=launch(2), chosen=G8_KEY, held_back=("limits.max_hourly_spend_usd",)),
     Case("max-burst-gpus-binds", policy={"limits": {"max_burst_gpus": 8}},
@@ -142,19 +157,21 @@ CASES = [
     Case("demand-already-covered-but-floor-limited",
          policy={"limits": {"max_nodes": 1}},
          snapshot={"jobs": [job(0, 4)], "nodes": [idle("n1", 0 * M)]},
-         held_back=("limits.max_nodes",), summary=("8 GPU(s) short", "fit on burst nodes")),
+         held_back=("limits.max_nodes",), summary=("12 GPU(s) short", "fit on burst nodes")),
     # -- a floor, not a cap: demand launches as before ----------------------------------------------
+    # Nodes launched for demand will be busy: the floor (free GPUs) launches beside them.
     Case("demand-and-floor-launch-together",
          snapshot={"jobs": [job(0, 8)]}, rule=Rule.SCALE_UP,
-         actions=launch(1, project="research", reason="demand") + launch(1), chosen=G8_KEY,
+         actions=launch(1, project="research", reason="demand") + launch(2), chosen=G8_KEY,
          summary=("launching 1 node(s)", "pre-warming 16 GPUs")),
-    Case("demand-beyond-the-floor-launches-for-demand-only",
+    Case("demand-beyond-the-floor-still-keeps-the-floor-free",
          gpus=8, snapshot={"jobs": [job(0, 8), job(1, 8)]}, rule=Rule.SCALE_UP,
-         actions=launch(2, project="research", reason="demand"), chosen=G8_KEY,
-         summary=("floor is met",)),
-    Case("idle-floor-node-absorbs-demand",
-         gpus=8, snapshot={"jobs": [job(0, 8)], "nodes": [idle("n1", 0 * M)]}, rule=Rule.COVERED,
-         summary=("fit on burst nodes", "floor is met")),
+         actions=launch(2, project="research", reason="demand") + launch(1), chosen=G8_KEY,
+         summary=("pre-warming 8 GPUs",)),
+    Case("idle-floor-node-absorbs-demand-and-the-floor-is-refilled",
+         gpus=8, snapshot={"jobs": [job(0, 8)], "nodes": [idle("n1", 0 * M)]},
+         actions=launch(1), chosen=G8_KEY,
+         summary=("pre-warming 8 GPUs", "fit on burst nodes")),
     Case("floor-launches-even-when-the-trigger-does-not-fire",
          gpus=8, policy={"trigger": {"pending_gpus_above": 100, "oldest_wait_above": "1h"}},
          snapshot={"jobs": [job(0, 4)]}, actions=launch(1), chosen=G8_KEY,
@@ -165,8 +182,8 @@ CASES = [
     Case("idle-nodes-above-the-floor-drain-oldest-first",
          gpus=8, snapshot={"nodes": [idle("n1", 20 * M), idle("n2", 60 * M)]},
          actions=[("drain", "n2", "idle")]),
-    Case("floor-keeps-the-idle-node-a-busy-one-does-not-cover",
-         gpus=16, snapshot={"nodes": [idle("n1"), busy("n2")]}),
+    Case("floor-keeps-the-idle-node-and-adds-what-the-busy-one-cannot-give",
+         gpus=16, snapshot={"nodes": [idle("n1"), busy("n2")]}, actions=launch(1), chosen=G8_KEY),
     Case("normal-drain-after-until",
          until=T0, snapshot={"nodes": [idle("n1"), idle("n2")]}, rule=Rule.NO_DEMAND,
          actions=[("drain", "n1", "idle"), ("drain", "n2", "idle")]),
@@ -184,7 +201,8 @@ CASES = [
     Case("paused-pool-still-finishes-drains",
          gpus=8, snapshot={"paused_pools": [POOL], "nodes": [
              busy("n1"), make_node("n2", state=S.DRAINING, released=True, drain_deadline=T0 + M)]},
-         rule=Rule.PAUSED, actions=[("terminate", "n2", "drained")], summary=("floor is met",)),
+         rule=Rule.PAUSED, actions=[("terminate", "n2", "drained")],
+         summary=("8 GPU(s) short, held while the pool is paused",)),
 ]
 
 
