@@ -6,8 +6,8 @@
 * snapshots: ``burst plan --snapshot FILE`` (in-process), the planner and the rendering included:
   exit 0 or 2;
 * traces: :func:`orchestrator.sim.traces.load_canonical`: a Trace or a TraceError;
-* API: every POST body (jobs, agent register / heartbeat / next / finish) and the query parameters
-  of the read routes, through the ASGI app (Starlette's TestClient over a SQLite store): never a
+* API: every POST body (jobs, agent register / heartbeat / next / finish), the query parameters
+  of the read routes and the path parameters (decision and job ids), through the ASGI app (Starlette's TestClient over a SQLite store): never a
   5xx, never a traceback.
 
 The default suite runs :data:`QUICK` cases; the ``long`` run (``pytest -m long``) runs
@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import traceback
+import urllib.parse
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -210,7 +211,16 @@ def api_fuzzer(fuzz: Fuzz, client: TestClient, admin: str, credential: str, node
                ("/v1/queue", {"state": "pending", "project": "research"})]
 
     def one(m: Mutator, index: int) -> None:
-        if m.rng.random() < 0.75:
+        roll = m.rng.random()
+        if roll < 0.1:  # path parameters of the routes that take one
+            segment = urllib.parse.quote(str(m.nasty() if m.rng.random() < 0.8 else "j-1"), safe="")
+            method, path = m.rng.choice([("GET", "/v1/decisions/{}"), ("DELETE", "/v1/jobs/{}"),
+                                         ("POST", "/v1/agent/jobs/{}/finish")])
+            path = path.format(segment)
+            body = {"node_id": node_id, "outcome": "failed"} if method == "POST" else None
+            secret = credential if method == "POST" else admin
+            response = client.request(method, path, json=body, headers=bearer(secret))
+        elif roll < 0.75:
             path, body, secret = m.rng.choice(routes)
             headers = bearer(secret) if secret else {}
             if m.rng.random() < 0.7:
