@@ -82,11 +82,12 @@ class NodeOut(BaseModel):
     instance_id: str | None
 
     @classmethod
-    def of(cls, node: Node, now: datetime) -> NodeOut:
+    def of(cls, node: Node, now: datetime, gpus_busy: int | None = None) -> NodeOut:
         return cls(
             id=node.id, policy=node.policy, pool=node.pool, project=node.project,
             provider=node.provider, offering=node.offering_key, instance_type=node.instance_type,
-            market=str(node.market), gpus=node.gpus, gpus_busy=node.gpus_busy,
+            market=str(node.market), gpus=node.gpus,
+            gpus_busy=node.gpus_busy if gpus_busy is None else gpus_busy,
             price_usd_hour=node.price_usd_hour, state=node.state,
             state_since=iso(node.state_since) or "", created_at=iso(node.created_at) or "",
             age_s=round((now - node.created_at).total_seconds(), 1), instance_id=node.instance_id,
@@ -196,7 +197,10 @@ def router(runtime: Runtime) -> APIRouter:
                  if (scope is None or n.project in scope)
                  and (pool is None or n.pool == pool)
                  and (provider is None or n.provider == provider)]
-        return NodesOut(at=iso(now) or "", nodes=[NodeOut.of(n, now) for n in nodes[-limit:]])
+        # The stored row's gpus_busy is not kept current; the running jobs are (as in `status`).
+        busy = runtime.store.gpus_busy_by_node()
+        return NodesOut(at=iso(now) or "",
+                        nodes=[NodeOut.of(n, now, busy.get(n.id, 0)) for n in nodes[-limit:]])
 
     @api.get("/decisions", tags=["decisions"])
     def list_decisions(

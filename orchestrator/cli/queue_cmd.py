@@ -72,11 +72,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     now = datetime.now(UTC)
     queues = BuiltinQueue(store, policies).observe(now)
     nodes = store.nodes(include_terminated=all_nodes)
-    running = store.jobs(states=[JobState.RUNNING])
-    busy: dict[str, int] = {}
-    for job in running:
-        if job.node_id:
-            busy[job.node_id] = busy.get(job.node_id, 0) + job.gpus
+    busy = store.gpus_busy_by_node()
     blocks = store.capacity_blocks(now)
     pending = store.jobs(states=[JobState.PENDING])
     overview, latest = policy_overview(store, policies, now)

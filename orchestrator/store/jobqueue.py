@@ -166,6 +166,16 @@ class JobQueue(StoreBase):
         with self._read() as conn:
             return [_job_from_row(r) for r in conn.execute(query)]
 
+    def gpus_busy_by_node(self) -> dict[str, int]:
+        """GPUs of running built-in jobs on each burst node: the one count `burst status` and the
+        API's /v1/nodes both show."""
+        c = T.jobs.c
+        query = (sa.select(c.node_id, sa.func.sum(c.gpus))
+                 .where(c.state == JobState.RUNNING.value, c.node_id.is_not(None))
+                 .group_by(c.node_id))
+        with self._read() as conn:
+            return {node_id: int(gpus) for node_id, gpus in conn.execute(query)}
+
     def start_job(
         self, job: JobRecord, *, placement: str, node_id: str | None, at: datetime
     ) -> JobRecord | None:
