@@ -97,7 +97,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import google.auth
@@ -120,6 +119,7 @@ from orchestrator.domain.ports import (
     QuotaError,
     TransientError,
 )
+from orchestrator.policy.timefmt import parse_aware
 
 log = logging.getLogger(__name__)
 
@@ -873,7 +873,8 @@ class GcpProvider:
         launched_at = None
         if raw.creation_timestamp:
             with contextlib.suppress(ValueError):
-                launched_at = datetime.fromisoformat(raw.creation_timestamp)
+                launched_at = parse_aware(raw.creation_timestamp, "creationTimestamp",
+                                          assume_utc=True)
         return Instance(
             id=f"{zone}/{raw.name}",
             provider=self.name,

@@ -51,6 +51,7 @@ from orchestrator.domain.ports import (
     TransientError,
 )
 from orchestrator.policy.models import Market
+from orchestrator.policy.timefmt import parse_aware
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +321,7 @@ class LocalProvider:
             state=state,
             tags=dict(record["tags"]),
             offering_key=record["offering_key"],
-            launched_at=datetime.fromisoformat(record["launched_at"]),
+            launched_at=parse_aware(record["launched_at"], "launched_at", assume_utc=True),
         )
 
     def _resolve_pending(self, record: dict[str, Any]) -> None:
