@@ -94,9 +94,13 @@ from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
 from orchestrator.fabric.results import (
     ResultBox,
+    RunningRun,
     RunResult,
+    clear_running,
     forget_session,
     load_session,
+    note_running,
+    running_run,
     save_session,
 )
 
@@ -319,6 +323,43 @@ class JobRun:
         self._thread.join(grace_s)
 
 
+def _job_processes(job_id: str, node_id: str) -> list[int]:
+    """Pids of the processes of job ``job_id`` run by this node's agent, found by the
+    environment every job process inherits (so no pid the system gave to someone else since is
+    ever signalled). Linux /proc; elsewhere none are found."""
+    marks = {f"BURST_JOB_ID={job_id}".encode(), f"BURST_NODE_ID={node_id}".encode()}
+    found = []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            environ = set(Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # gone, or not ours to read
+        if marks <= environ and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def _stop_processes(job_id: str, node_id: str, pids: list[int]) -> None:
+    """SIGTERM the process groups of ``pids`` (the job's checkpoint cue), SIGKILL what is left
+    after the stop grace."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.killpg(os.getpgid(pid), sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        end = time.monotonic() + JOB_STOP_GRACE_S
+        while time.monotonic() < end:
+            pids = _job_processes(job_id, node_id)
+            if not pids:
+                return
+            time.sleep(POLL_S)
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -423,13 +464,32 @@ class Agent:
         lease = body.get("controller_lease_s")
         if lease is not None:
             try:
-                if float(lease) > 0:
+                if 0 < float(lease) < float("inf"):
                     self.controller_lease_s = float(lease)
             except (TypeError, ValueError):
                 log.warning("ignoring unusable controller_lease_s from the controller")
         self._last_answer = time.monotonic()
         log.info("controller lease %.0fs: without an answer that long this node drains itself",
                  self.controller_lease_s)
+
+    def _recover_interrupted(self) -> None:
+        """A run was under way when this process died: stop what is left of it and hand it
+        back, so the controller does not count it running on a node that runs nothing."""
+        run = running_run(self.work_dir)
+        if run is None:
+            return
+        if run.job_id in {r.job_id for r in self._unreported if r.attempt == run.attempt}:
+            clear_running(self.work_dir)  # it ended and was recorded just before the crash
+            return
+        left = _job_processes(run.job_id, self.boot.node_id)
+        if left:
+            log.warning("job %s outlived the agent that started it (%d process(es)); stopping it",
+                        run.job_id, len(left))
+            _stop_processes(run.job_id, self.boot.node_id, left)
+        log.warning("job %s was interrupted by a restart of this agent; handing it back",
+                    run.job_id)
+        self._record(_finish(run.job_id, "handed-back", None, run.attempt))
+        clear_running(self.work_dir)
 
     def _keep_session(self, body: dict[str, Any]) -> None:
         """Keep the registration answer, so a restart of this process resumes as this node."""
@@ -449,6 +509,7 @@ class Agent:
                 self.heartbeat_s = float(body["heartbeat_s"])
         except (TypeError, ValueError):
             pass
+        self._recover_interrupted()
         log.info("resuming as registered before this restart; %d job result(s) to send",
                  len(self._unreported))
         return self._setup_fabric(body)
@@ -665,10 +726,17 @@ class Agent:
             return False
         self._job_ended.clear()
         try:
+            # Written down before the job starts: whenever this process dies from here on, its
+            # restart knows the run and hands it back (stopping what is left of it).
+            note_running(self.work_dir, RunningRun(spec.id, spec.attempt))
+        except OSError as exc:
+            log.warning("could not note the running job on disk (%s)", exc)
+        try:
             self.job = JobRun(spec, self.work_dir, self._job_env(spec), self._job_ended)
         except OSError as exc:
             log.error("could not start job %s: %s", spec.id, exc)
             self._record(_finish(spec.id, "failed", None, spec.attempt))
+            clear_running(self.work_dir)
             return False
         kind = "command" if spec.command is not None else f"sleep {spec.duration_s:.1f}s"
         log.info("running job %s (%s)", spec.id, kind)
@@ -687,6 +755,7 @@ class Agent:
         run, self.job = self.job, None
         log.info("job %s ended: %s (exit code %s)", run.spec.id, run.outcome, run.exit_code)
         self._record(_finish(run.spec.id, run.outcome or "failed", run.exit_code, run.spec.attempt))
+        clear_running(self.work_dir)
 
     def _record(self, result: RunResult) -> None:
         """Keep ``result`` until the controller acknowledges it: on disk, then in the queue."""

@@ -8,7 +8,8 @@ never runs it again (:meth:`orchestrator.sources.builtin.BuiltinQueue.finish`).
 
 The registration answer (the node's credential among it) is kept beside them, readable by its
 owner only, so a restarted agent resumes as the node it was instead of presenting a join token
-that was spent.
+that was spent; and so is the run under way, so an agent restarted after a crash stops what is
+left of it and hands it back instead of leaving it running unseen.
 
 Every write is atomic: a temporary file in the same directory, flushed to disk, renamed over the
 target. Standard library only: the node agent imports this on a bare cloud node.
@@ -29,6 +30,7 @@ log = logging.getLogger("burst.agent")
 
 RESULTS_DIR = "results"
 SESSION_FILE = "session.json"
+RUNNING_FILE = "running.json"  # the run under way: a restart after a crash hands it back
 
 
 def write_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:
@@ -141,3 +143,36 @@ def save_session(state_dir: Path, node_id: str, answer: dict[str, Any]) -> None:
 
 def forget_session(state_dir: Path) -> None:
     (state_dir / SESSION_FILE).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class RunningRun:
+    """The run under way when the agent last wrote it down."""
+
+    job_id: str
+    attempt: int | None
+
+
+def note_running(state_dir: Path, run: RunningRun) -> None:
+    write_atomic(state_dir / RUNNING_FILE, json.dumps(asdict(run)))
+
+
+def running_run(state_dir: Path) -> RunningRun | None:
+    try:
+        data = json.loads((state_dir / RUNNING_FILE).read_text(encoding="utf-8"))
+        run = RunningRun(str(data["job_id"]), data.get("attempt"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("ignoring unreadable %s (%s)", RUNNING_FILE, exc)
+        return None
+    attempt = run.attempt
+    if not run.job_id or (attempt is not None and (isinstance(attempt, bool)
+                                                   or not isinstance(attempt, int))):
+        log.warning("ignoring malformed %s", RUNNING_FILE)
+        return None
+    return run
+
+
+def clear_running(state_dir: Path) -> None:
+    (state_dir / RUNNING_FILE).unlink(missing_ok=True)

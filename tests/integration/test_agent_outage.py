@@ -160,3 +160,44 @@ def test_past_the_controller_lease_the_node_checkpoints_its_job_and_stops_itself
     finally:
         agent.kill()
         server.stop()
+
+
+def test_a_run_interrupted_by_an_agent_crash_is_stopped_and_handed_back_on_restart(
+        served_rt, tmp_path: Path) -> None:
+    import psutil
+
+    rig, rt = served_rt
+    node = add_node(rig, 1, "research")
+    [request] = rig.provider.requests.values()
+    server = ApiServer(create_app(rt), "127.0.0.1", 0)
+    port = server.start()
+    boot = replace(Bootstrap.parse(request.user_data), controller_url=f"http://127.0.0.1:{port}")
+    user_data = tmp_path / "n1.user-data"
+    user_data.write_text(boot.render())
+    pid_file = tmp_path / "job.pid"
+    job = rig.store.submit_job("research", POOL, node.gpus, 0, None,
+                               f"echo $$ >> {pid_file}; exec sleep 300", rig.now)
+    agent = Agent(user_data, tmp_path / "n1.work", tmp_path / "n1.log")
+    try:
+        agent.start()
+        first = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().split()[0],
+                             WAIT_S, "the job to start"))
+        assert agent.proc is not None
+        agent.proc.kill()  # the agent alone dies; its job's process group lives on, unseen
+        agent.proc.wait(10)
+        assert psutil.pid_exists(first)
+        agent.start()
+        # The restarted agent stops the orphan, hands the run back, and the job runs again.
+        wait_for(lambda: rig.store.get_job(job.id).attempts == 2, WAIT_S, "the second run")
+        wait_for(lambda: not psutil.pid_exists(first) or
+                 psutil.Process(first).status() == psutil.STATUS_ZOMBIE, WAIT_S, "the orphan")
+        assert [(r.outcome) for r in rig.store.job_runs(job_id=job.id)] == ["handed-back", None]
+        assert "outlived the agent that started it" in agent.text
+    finally:
+        agent.kill()
+        for pid in (pid_file.read_text().split() if pid_file.exists() else []):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        server.stop()

@@ -8,9 +8,13 @@ from pathlib import Path
 
 from orchestrator.fabric.results import (
     ResultBox,
+    RunningRun,
     RunResult,
+    clear_running,
     forget_session,
     load_session,
+    note_running,
+    running_run,
     save_session,
 )
 
@@ -56,3 +60,14 @@ def test_the_kept_registration_is_the_nodes_own_and_private(tmp_path: Path) -> N
     forget_session(tmp_path)
     forget_session(tmp_path)  # idempotent
     assert load_session(tmp_path, "n1") is None
+
+
+def test_the_run_under_way_is_noted_and_cleared(tmp_path: Path) -> None:
+    assert running_run(tmp_path) is None
+    note_running(tmp_path, RunningRun("j-1", 3))
+    assert running_run(tmp_path) == RunningRun("j-1", 3)
+    (tmp_path / "running.json").write_text('{"job_id": "j-1", "attempt": "3"}')
+    assert running_run(tmp_path) is None  # malformed: ignored, not trusted
+    clear_running(tmp_path)
+    clear_running(tmp_path)
+    assert running_run(tmp_path) is None
