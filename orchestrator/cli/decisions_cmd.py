@@ -58,7 +58,8 @@ def explain_command(
     decision = store.get_decision(decision_id)
     store.close()
     if decision is None:
-        fail(f"no decision {decision_id!r} (list them with `burst decisions`)")
+        fail(f"no decision {decision_id!r} (list them with `burst decisions`; a tick that "
+             "decided what the one before it did is counted on that decision, under its id)")
     if as_json:
         print_json(decision_to_jsonable(decision))
         return
