@@ -25,6 +25,7 @@ from orchestrator.fabric.slurm import FabricJoinError
 from orchestrator.fabric.tokens import new_credential, token_hash
 from orchestrator.sources.slurm_cli import SlurmError
 from orchestrator.lifecycle import transition
+from orchestrator.policy.bounds import MAX_GPUS_PER_NODE
 from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.wiring import Runtime
 
@@ -51,7 +52,7 @@ class RegisterIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
     join_token: str = Field(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")
-    gpus: int = Field(ge=0, le=4096, default=0)
+    gpus: int = Field(ge=0, le=MAX_GPUS_PER_NODE, default=0)
     gpu_model: str | None = _text(128)
     hostname: str | None = _text(255)
     pid: int | None = Field(default=None, ge=0, le=INT32_MAX)
@@ -73,7 +74,7 @@ class HeartbeatIn(BaseModel):
 class NextIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
-    free_gpus: int = Field(ge=0, le=4096)
+    free_gpus: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
 
 
 class FinishIn(BaseModel):

@@ -30,7 +30,7 @@ from orchestrator.api.problems import Problem
 from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
-from orchestrator.policy import parse_duration
+from orchestrator.policy import bounds, parse_duration
 from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
@@ -44,8 +44,8 @@ NameQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)]
 ProjectQuery = Annotated[list[str] | None, Query(
     description="Only these projects (repeat the parameter or comma-separate); a project "
                 "outside the token's scope is refused with 403.")]
-MAX_PRIORITY = 1_000_000
-MAX_GPUS = 4096
+MAX_PRIORITY = bounds.MAX_PRIORITY
+MAX_GPUS = bounds.MAX_JOB_GPUS
 MAX_COMMAND = 10_000
 
 

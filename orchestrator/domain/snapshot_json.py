@@ -1,8 +1,10 @@
 """The JSON form of a Snapshot (for ``burst plan --snapshot``) and of a Plan (for ``--json``).
 
-The format is the domain dataclasses themselves, validated by pydantic: ``burst plan
+The format is the domain dataclasses themselves, validated strictly by pydantic: ``burst plan
 --snapshot-schema`` prints its JSON Schema, so a scenario can be written by hand. Unknown keys are
-rejected, and errors name the file and the path of the bad value.
+rejected, and errors name the file and the path of the bad value. The file is read within the
+input limits of :mod:`orchestrator.policy.reading`; every time, number and name is then checked
+(timezone, :mod:`orchestrator.policy.bounds`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def snapshot_json_schema() -> dict[str, Any]:
         "World state for `burst plan`: queues per pool (pending jobs, on-prem capacity), burst "
         "nodes, the provider catalogue, the negative-capacity cache, the planner's memory and the "
         "spend observed per budget. "
-        "Times are ISO 8601 with a timezone."
+        "Times are ISO 8601 with a timezone. Types are strict (\"1\" is not a number). Limits: "
+        "64 MiB of UTF-8, no NUL, nesting of at most 32 levels, numbers of at most 40 characters; "
+        "GPU counts, prices and names are bounded (see docs/snapshot-format.md)."
     )
     return schema
 
