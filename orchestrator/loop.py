@@ -14,6 +14,12 @@ One tick:
 
 The loop holds no state of its own: everything lives in the store, so a restart (or a crash at any
 line) continues from the records, and the reconciler adopts or cleans up whatever was in flight.
+
+One controller plans a pool at a time (:mod:`orchestrator.leadership`): each tick first claims the
+store leases ``reconcile`` and ``policy:<name>`` of its policies; a scope another live controller
+leads (another ``burst run``, Celery workers on the same store) is skipped and reported in the
+tick's ``skipped``; the writes of the scopes it leads are fenced with their tokens. A clean stop
+releases the leases; a killed loop's are taken over at once by a new one on the same host.
 """
 
 from __future__ import annotations
@@ -27,7 +33,15 @@ from datetime import datetime
 from orchestrator.domain.plan import Decision
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
-from orchestrator.tick import PRUNE_EVERY, planning_pass, prune_decisions, record_tick
+from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl, policy_scope
+from orchestrator.store.fence import StaleLeaderError
+from orchestrator.tick import (
+    PRUNE_EVERY,
+    fenced_runtime_parts,
+    planning_pass,
+    prune_decisions,
+    record_tick,
+)
 from orchestrator.wiring import Runtime
 
 log = logging.getLogger(__name__)
@@ -44,17 +58,21 @@ class TickReport:
     decisions: list[Decision] = field(default_factory=list)
     execution: ExecutionReport = field(default_factory=ExecutionReport)
     corrective: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)  # scope -> the controller leading it
 
 
 class ControlLoop:
-    """Drives a runtime tick by tick."""
+    """Drives a runtime tick by tick, leading the scopes no other live controller leads."""
 
-    def __init__(self, runtime: Runtime, tick_s: float):
+    def __init__(self, runtime: Runtime, tick_s: float, controller: Controller | None = None):
         self.runtime = runtime
         self.tick_s = tick_s
         # When retention last ran: the one thing the loop remembers, and only to run it hourly
         # (a restart runs it again at once, which is harmless).
         self._pruned_at: datetime | None = None
+        self.controller = controller or Controller(
+            runtime.store, Holder.this_process("burst-run"), lease_ttl(tick_s))
+        self._reported: dict[str, str] = {}
 
     def observe_providers(self) -> dict[str, list[Instance]]:
         clusters = sorted({p.cluster for p in self.runtime.policies.values()})
@@ -71,15 +89,47 @@ class ControlLoop:
         started = time.perf_counter()
         now = rt.clock.now()
         report = TickReport(at=now)
-        # Reality first: what providers really have, then the fixes it calls for (the on-prem
-        # dispatch and the cost roll-up come in the planning pass, before observing).
-        rt.reconciler.sync(self.observe_providers(), now)
-        corrective = rt.reconciler.step(now)
-        report.corrective = len(corrective)
-        report.execution.merge(rt.executor.run(corrective))
+        claims = self.controller.claim([RECONCILE, *map(policy_scope, rt.policies)], now)
+        report.skipped = claims.skipped
+        self._report_skipped(claims.skipped)
+        try:
+            if claims.leads(RECONCILE):
+                self._reconcile(report, now)
+            led = [p for name, p in rt.policies.items() if claims.leads(policy_scope(name))]
+            if led:
+                self._plan(report, led, now)
+        except StaleLeaderError as exc:
+            # Taken over mid-tick (we were paused past the lease): the store refused the write.
+            log.warning("another controller took over (%s); this tick stops here", exc)
+            self.controller.held.clear()
+        report.duration_s = time.perf_counter() - started
+        record_tick(rt, [p for p in rt.policies if claims.leads(policy_scope(p))], report.at,
+                    started)
+        if claims.leads(RECONCILE):
+            self._apply_retention(report.at)  # one controller's chore, not every one's
+        return report
 
+    def _reconcile(self, report: TickReport, now: datetime) -> None:
+        """Reality first: what providers really have, then the fixes it calls for, judged on
+        what this controller could have observed (its tenure, the API's presence window)."""
+        rt = self.runtime
+        view = self.controller.view([RECONCILE])
+        executor, _ = fenced_runtime_parts(rt, view)
+        rt.reconciler.store = view  # the runtime's reconciler keeps its memory of vanishings
+        try:
+            rt.reconciler.sync(self.observe_providers(), now)
+            corrective = rt.reconciler.step(now, self.controller.observing_since(now))
+            report.corrective = len(corrective)
+            report.execution.merge(executor.run(corrective))
+        finally:
+            rt.reconciler.store = rt.store
+
+    def _plan(self, report: TickReport, policies: list, now: datetime) -> None:
+        rt = self.runtime
+        view = self.controller.view([policy_scope(p.name) for p in policies])
+        executor, _ = fenced_runtime_parts(rt, view)
         for attempt in range(1 + MAX_REPLANS):
-            done = planning_pass(rt, rt.policies.values(), now, rt.executor.execute)
+            done = planning_pass(rt, policies, now, executor.execute, store=view, in_process=True)
             snapshot, plan, executed = done.snapshot, done.plan, done.outcome
             report.decisions.extend(plan.decisions)
             report.execution.merge(executed)
@@ -91,14 +141,24 @@ class ControlLoop:
             for name, memory in plan.memory.items():
                 if name not in launched_policies:
                     before = snapshot.memory.get(name)
-                    rt.store.save_memory(name, replace(memory, last_launch_at=before.last_launch_at if before else None))
+                    view.save_memory(name, replace(memory, last_launch_at=before.last_launch_at if before else None))
             log.info("capacity error on %s: re-planning within the tick (attempt %d)",
                      ", ".join(executed.capacity_errors), attempt + 1)
             now = rt.clock.now()
-        report.duration_s = time.perf_counter() - started
-        record_tick(rt, rt.policies, report.at, started)
-        self._apply_retention(report.at)
-        return report
+
+    def _report_skipped(self, skipped: dict[str, str]) -> None:
+        """Say once (not every tick) which scopes another controller leads."""
+        for scope, holder in skipped.items():
+            if self._reported.get(scope) != holder:
+                log.warning("%s is led by another live controller (%s): not acting on it",
+                            scope, holder)
+        for scope in set(self._reported) - set(skipped):
+            log.info("%s: no other controller leads it any more", scope)
+        self._reported = dict(skipped)
+
+    def close(self) -> None:
+        """A clean stop: release the leases so the next controller need not wait for expiry."""
+        self.controller.release_all(self.runtime.clock.now())
 
     def _apply_retention(self, now: datetime) -> None:
         if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:
@@ -120,3 +180,4 @@ class ControlLoop:
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
                 log.exception("tick failed; continuing at the next tick")
             stop.wait(max(self.tick_s - (time.monotonic() - began), 0.0))
+        self.close()

@@ -21,6 +21,14 @@ Two phases, as in Ray's autoscaler v2:
   request id, so the provider creates nothing twice).
 
 A missing instance is only trusted after ``vanish_grace``: providers are eventually consistent.
+
+Liveness is judged on the controller's own observation window (``step(now, observing_since)``):
+a controller that was not running, or not leading, or whose API was down, heard nothing, and its
+silence is not the nodes'. So after a start or a leader change a node's heartbeat age counts only
+from when this controller could have heard it: ``observing_since`` plus the agent's documented
+retry behaviour (:data:`HEARD_WITHIN`: its backoff cap plus one request timeout). Per-state
+timeouts likewise count only time inside the window (from the later of ``state_since`` and
+``observing_since``): a node cannot register, or be seen booted, while nobody listens.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+from orchestrator.domain.agent_contract import HEARTBEAT_REQUEST_TIMEOUT_S, HEARTBEAT_RETRY_MAX_S
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.offerings import offering_from_key
 from orchestrator.domain.plan import Action, ActionReason, Launch, Terminate
@@ -41,6 +50,8 @@ from orchestrator.store import Store
 log = logging.getLogger(__name__)
 
 _GONE = {InstanceState.TERMINATED}
+#: Once a controller listens again, a live agent is heard within this long (agent_contract).
+HEARD_WITHIN = timedelta(seconds=HEARTBEAT_RETRY_MAX_S + HEARTBEAT_REQUEST_TIMEOUT_S)
 _ALIVE_STATES = (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY,
                  NodeState.DRAINING)
 
@@ -140,8 +151,11 @@ class Reconciler:
         self.store.update_node(old, instance_id=changed.instance_id)
 
     # -- phase 2: corrective actions ----------------------------------------------------------------
-    def step(self, now: datetime) -> list[Action]:
-        """Corrective actions for the executor (see the module docstring)."""
+    def step(self, now: datetime, observing_since: datetime | None = None) -> list[Action]:
+        """Corrective actions for the executor (see the module docstring).
+
+        ``observing_since``: since when this controller could have heard agents (its lease
+        tenure, the API's presence window); None judges from the records alone."""
         actions: list[Action] = []
         nodes = self.store.nodes(include_terminated=True)
         by_id = {n.id: n for n in nodes}
@@ -173,13 +187,16 @@ class Reconciler:
             policy = self.policies.get(node.policy)
             if node.state is NodeState.TERMINATED or policy is None:
                 continue
-            actions.extend(self._node_actions(node, policy, now))
+            actions.extend(self._node_actions(node, policy, now, observing_since))
         return actions
 
-    def _node_actions(self, node: Node, policy: Policy, now: datetime) -> list[Action]:
+    def _node_actions(self, node: Node, policy: Policy, now: datetime,
+                      observing_since: datetime | None = None) -> list[Action]:
         age = now - node.state_since
+        # Time counts against a node only while this controller could observe it.
+        watched = now - max(node.state_since, observing_since) if observing_since else age
         for timeout in state_timeouts(policy):
-            if node.state is timeout.state and age >= timeout.limit:
+            if node.state is timeout.state and watched >= timeout.limit:
                 return [Terminate(node.id, timeout.reason)]
         # Re-issue a launch whose outcome was never recorded; after transient errors, back off
         # exponentially (15 s, 30 s, 60 s, ...) until the launch timeout fails the node.
@@ -188,6 +205,9 @@ class Reconciler:
             return [self._relaunch(node)]
         if node.state in (NodeState.JOINING, NodeState.READY, NodeState.DRAINING):
             last = node.last_heartbeat or node.state_since
+            if observing_since is not None:
+                # A heartbeat sent while nobody listened was lost by us, not by the node.
+                last = max(last, observing_since + HEARD_WITHIN)
             if now - last >= policy.timeouts.heartbeat:
                 return [Terminate(node.id, ActionReason.HEARTBEAT_LOST)]
         if node.state is NodeState.FAILED and node.instance_id is not None:

@@ -21,9 +21,11 @@ from typing import Generic, TypeVar
 from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
 from orchestrator.domain.plan import Plan
 from orchestrator.domain.snapshot import Snapshot
+from orchestrator.executor import Executor
 from orchestrator.planner import plan as make_plan
 from orchestrator.policy.models import Policy
 from orchestrator.policy.units import format_duration
+from orchestrator.reconciler import Reconciler
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store
 from orchestrator.store.fencing import StaleLeaderError
@@ -67,29 +69,47 @@ def roll_up_costs(rt: Runtime, now: datetime, *, store: Store | None = None,
 
 
 def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
-                  carry_out: Callable[[Plan], T], *, store: Store | None = None) -> PlanPass[T]:
+                  carry_out: Callable[[Plan], T], *, store: Store | None = None,
+                  in_process: bool | None = None) -> PlanPass[T]:
     """Dispatch on-prem, roll up costs, observe, plan ``policies`` at ``now``, and carry out.
 
     ``store``: where the pass writes (jobs started on-prem, ledger lines); the runtime's own by
     default. ``carry_out`` receives the plan and is responsible for storing its decisions and
     memory before any side effect (the executor does; the Celery tick records them itself).
+    ``in_process``: the pass runs in the process that serves the API (the embedded loop), so it
+    dispatches through the runtime's queue (whose lock the API shares) even with a fenced
+    ``store``; default: only when ``store`` is the runtime's own.
     """
     policies = list(policies)
     store = store or rt.store
-    if store is rt.store:
-        rt.queue.dispatch_onprem(now)  # the runtime's queue: its lock is shared with the API
+    in_process = store is rt.store if in_process is None else in_process
+    if in_process:
+        # The runtime's queue: its lock is shared with the API; writing through ``store`` so a
+        # deposed leader's dispatch is refused too.
+        queue = rt.queue if store is rt.store else rt.queue.writing_to(store)
+        queue.dispatch_onprem(now)
     else:
         # A fenced store: on-prem dispatch writes jobs, so a deposed leader's must be refused too.
         BuiltinQueue(store, policies).dispatch_onprem(now)
     names = {p.name for p in policies}
     # In process, planning every loaded policy: roll up everything, nodes of policies since
-    # removed included. A leader (fenced store) rolls up its own policies' nodes only: the rest
-    # is the ``burst.cost.rollup`` task's, under its own lease.
-    everything = store is rt.store and names >= set(rt.policies)
+    # removed included. A Celery leader rolls up its own policies' nodes only: the rest is the
+    # ``burst.cost.rollup`` task's, under its own lease.
+    everything = in_process and names >= set(rt.policies)
     roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
     snapshot = rt.observer.snapshot(now)
     result = make_plan(snapshot, policies, now)
     return PlanPass(now, snapshot, result, carry_out(result))
+
+
+def fenced_runtime_parts(rt: Runtime, store: Store) -> tuple[Executor, Reconciler]:
+    """An executor and a reconciler like the runtime's, writing through ``store`` (a fenced
+    view): a leader's provider calls and node transitions are refused once it was deposed."""
+    executor = Executor(store, rt.providers, rt.fabric, rt.clock, rt.tokens, rt.policies,
+                        rt.executor.config)
+    executor.disabled = rt.executor.disabled  # shared: a provider stopped stays stopped
+    reconciler = Reconciler(store, rt.fabric, rt.policies, rt.reconciler.config)
+    return executor, reconciler
 
 
 def record_tick(rt: Runtime, policies: Iterable[str], at: datetime, started: float) -> None:
@@ -117,5 +137,5 @@ def prune_decisions(rt: Runtime, now: datetime) -> int:
     return removed
 
 
-__all__ = ["PRUNE_EVERY", "PlanPass", "planning_pass", "prune_decisions", "record_tick",
+__all__ = ["PRUNE_EVERY", "PlanPass", "fenced_runtime_parts", "planning_pass", "prune_decisions", "record_tick",
            "roll_up_costs"]

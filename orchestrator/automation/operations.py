@@ -38,7 +38,8 @@ from orchestrator.policy.models import Policy
 from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.store import Store
 from orchestrator.store.ledger import CostSums
-from orchestrator.tick import planning_pass, record_tick, roll_up_costs
+from orchestrator.leadership import Controller, Holder, lease_ttl, policy_scope
+from orchestrator.tick import fenced_runtime_parts, planning_pass, record_tick, roll_up_costs
 from orchestrator.wiring import Runtime
 
 GROUP_KEYS = ("project", "provider", "instance_type", "pool", "day")
@@ -218,7 +219,20 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
     else:
         now = rt.clock.now()
         started = time.perf_counter()
-        done = planning_pass(rt, [rt.policies[policy]], now, rt.executor.execute)
+        # The pool's controller lease, as every driver takes it: never plan beside its leader.
+        scope = policy_scope(policy)
+        ctl = Controller(rt.store, Holder.this_process("evaluate"), lease_ttl(rt.settings.tick_s))
+        claims = ctl.claim([scope], now)
+        if not claims.leads(scope):
+            return {"policy": policy, "leader": False,
+                    "reason": f"{scope} is led by another live controller ({claims.skipped[scope]})",
+                    "note": "another controller leads this policy; its decision is the one that counts"}
+        executor, _ = fenced_runtime_parts(rt, ctl.view([scope]))
+        try:
+            done = planning_pass(rt, [rt.policies[policy]], now, executor.execute,
+                                 store=executor.store, in_process=True)
+        finally:
+            ctl.release_all(rt.clock.now())
         result, report = done.plan, done.outcome
         outcome = {
             "policy": policy, "leader": True,
@@ -233,8 +247,8 @@ def evaluate(rt: Runtime, policy: str, *, tick: Callable[[str], dict] | None = N
         record_tick(rt, [policy], now, started)
     decisions = outcome.pop("decisions", [])
     if not outcome.get("leader", False):
-        outcome["note"] = ("another worker holds this policy's leader lease and is planning it "
-                           "right now; its decision is the one that counts")
+        outcome.setdefault("note", "another controller or worker leads this policy and is "
+                                   "planning it; its decision is the one that counts")
     for did in decisions:
         decision = rt.store.get_decision(did)
         if decision is not None:

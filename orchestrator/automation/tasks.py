@@ -2,6 +2,10 @@
 
 * ``burst.loop.tick(policy)``: only the holder of the policy's leader lease plans; its writes go
   through a store fenced with the lease's token, so a paused old leader that wakes up is refused.
+  Besides the Redis lease (one worker of this deployment at a time), the deployment as a whole
+  must lead ``policy:<name>`` in the store (:mod:`orchestrator.leadership`), the lease every
+  controller of the pool shares: while an embedded ``burst run`` leads it, the tick (and the
+  public ``burst.policy.evaluate``, which runs it) reports that and plans nothing.
   Of the tick messages of one period (two beats send two) only the first plans.
   The tick records intents (decisions, memory, ``requested`` nodes) and hands every provider call
   to a task of its own.
@@ -10,7 +14,8 @@
   dies is harmless. Transient errors retry with backoff and jitter; invalid-request and auth errors
   never retry; a capacity error blocks the offering and asks the planner to choose again.
 * ``burst.node.drain`` / ``burst.node.terminate``: one node each, idempotent.
-* ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease.
+* ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease and
+  the store lease ``reconcile``; liveness is judged on the deployment's observation window.
 * ``burst.decisions.prune``: deletes decisions last made before ``decision_retention`` (hourly).
 * ``burst.cost.rollup``: brings the whole cost ledger up to now (beat, every ``cost_rollup_s``),
   under its own lease. Each tick also rolls up its policy's nodes before observing, so budgets
@@ -30,22 +35,35 @@ from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
 from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
+from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl
 from orchestrator.reconciler import Reconciler
 from orchestrator.store.fencing import StaleLeaderError
-from orchestrator.tick import planning_pass, record_tick, roll_up_costs
+from orchestrator.tick import fenced_runtime_parts, planning_pass, record_tick, roll_up_costs
 from orchestrator.tick import prune_decisions as prune
 
 log = logging.getLogger(__name__)
 
 
-def _fenced(scope: str, token: int) -> tuple[Executor, Reconciler]:
-    """An executor and reconciler whose store writes carry the leader's fencing token."""
+def controller() -> Controller:
+    """This deployment's hold on the store leases: one holder id for every worker on the broker,
+    so a tenure carries on from task to task while any worker renews it. One per runtime."""
     rt = runtime()
-    store = rt.store.fenced(scope, token)
-    executor = Executor(store, rt.providers, rt.fabric, rt.clock, rt.tokens, rt.policies, rt.executor.config)
-    executor.disabled = rt.executor.disabled
-    reconciler = Reconciler(store, rt.fabric, rt.policies, rt.reconciler.config)
-    return executor, reconciler
+    ctl = rt.extras.get("controller")
+    if ctl is None:
+        ctl = rt.extras["controller"] = Controller(
+            rt.store, Holder.deployment("celery", rt.settings.broker_url),
+            lease_ttl(rt.settings.tick_s))
+    return ctl
+
+
+def _controlled(scope: str, token: int, now: datetime) -> tuple[Executor, Reconciler] | str:
+    """An executor and reconciler whose writes carry the Redis leader token and the store lease
+    of ``scope``; or, when another controller leads ``scope`` in the store, why not."""
+    ctl = controller()
+    claims = ctl.claim([scope], now)
+    if not claims.leads(scope):
+        return f"{scope} is led by another live controller ({claims.skipped[scope]})"
+    return fenced_runtime_parts(runtime(), ctl.view([scope], runtime().store.fenced(scope, token)))
 
 
 def _dispatch(actions) -> dict:
@@ -96,11 +114,15 @@ def tick(policy_name: str, replan: bool = False) -> dict:
         if token is None:
             return {"policy": policy_name, "leader": False}
         now = rt.clock.now()
+        # The pool's store lease first: a tick refused by it must not claim the period either.
+        parts = _controlled(scope, token, now)
+        if isinstance(parts, str):
+            return {"policy": policy_name, "leader": False, "reason": parts}
+        executor, _ = parts
         if not _claim_tick(policy_name, now, rt.settings.tick_s, token) and not replan:
             # Another delivery of this period's tick planned already (two beats for HA each send
             # every tick; the lease alone lets the later one plan again once the first released).
             return {"policy": policy_name, "leader": False, "reason": "tick already planned"}
-        executor, _ = _fenced(scope, token)
 
         def record_and_dispatch(result) -> dict:
             # Intents first (decisions, memory, ``requested`` nodes), then one task per side effect.
@@ -148,8 +170,11 @@ def reconcile() -> dict:
               floor=rt.store.fence_token("reconcile") or 0) as token:
         if token is None:
             return {"leader": False}
-        _, reconciler = _fenced("reconcile", token)
         now = rt.clock.now()
+        parts = _controlled(RECONCILE, token, now)
+        if isinstance(parts, str):
+            return {"leader": False, "reason": parts}
+        _, reconciler = parts
         observed = {}
         clusters = sorted({p.cluster for p in rt.policies.values()})
         for name, provider in rt.providers.items():
@@ -158,7 +183,7 @@ def reconcile() -> dict:
             except ProviderError as exc:
                 log.warning("provider %s: cannot list instances: %s", name, exc)
         events = reconciler.sync(observed, now)
-        corrective = reconciler.step(now)
+        corrective = reconciler.step(now, controller().observing_since(now))
         return {"leader": True, "events": len(events), **_dispatch(corrective)}
 
 

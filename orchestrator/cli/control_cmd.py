@@ -151,9 +151,15 @@ def api_command(
     signal.signal(signal.SIGINT, _record)
     err.print(f"burst api: serving on {settings.api_host}:{settings.api_port}, "
               f"state {rt.store.url}")
+    from orchestrator.api.presence import PresenceRecorder
+
+    # The window in which agents can be heard: the liveness rules never count time before it.
+    presence = PresenceRecorder(rt.store, rt.clock)
     try:
+        presence.start()
         server.run()
     finally:
+        presence.stop()
         rt.close()
     if not server.started:
         fail(f"the API could not start on {settings.api_host}:{settings.api_port}", code=1)

@@ -21,6 +21,7 @@ def run_command(
 ) -> None:
     """Run the control loop: observe -> plan -> execute -> reconcile, every tick, until stopped."""
     from orchestrator.api import create_app
+    from orchestrator.api.presence import PresenceRecorder
     from orchestrator.api.server import ApiServer
     from orchestrator.loop import ControlLoop, TickReport
     from orchestrator.wiring import ProviderUnavailable, build_runtime
@@ -39,6 +40,9 @@ def run_command(
         runtime.close()
         fail(f"{exc} (is another `burst run` using it? set --port or BURST_API_PORT)")
     runtime.executor.config.controller_url = settings.agent_url(bound)
+    # From now on agents can be heard: the liveness rules count silence from here, not before.
+    presence = PresenceRecorder(runtime.store, runtime.clock)
+    presence.start()
     stop = threading.Event()
 
     def _stop(signum, _frame) -> None:
@@ -52,18 +56,27 @@ def run_command(
               f"agents call {runtime.executor.config.controller_url}")
     loop = ControlLoop(runtime, settings.tick_s)
 
+    shown_skips: dict[str, str] = {}
+
     def _report(report: TickReport) -> None:
         for decision in report.decisions:
             if decision.actions:
                 err.print(f"{decision.at:%H:%M:%S} {decision.policy} [{decision.id}] {decision.rule}: {decision.summary}")
+        for scope, holder in report.skipped.items():
+            if shown_skips.get(scope) != holder:
+                err.print(f"{scope} is led by another live controller ({holder}): not acting on it")
+        shown_skips.clear()
+        shown_skips.update(report.skipped)
 
     try:
         if once:
             _report(loop.tick())
+            loop.close()
         else:
-            loop.run(stop, on_tick=_report)
+            loop.run(stop, on_tick=_report)  # releases its leases when it stops
     finally:
         server.stop()
+        presence.stop()
         runtime.close()
     err.print("burst: stopped; burst nodes keep running and are picked up by the next `burst run`")
 

@@ -18,6 +18,7 @@ run history (the cost ledger's job usage), in the same transaction.
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -53,6 +54,13 @@ class BuiltinQueue:
         self.store = store
         self.pools = {p.pool.name: p for p in policies}
         self._lock = threading.Lock()
+
+    def writing_to(self, store: Store) -> BuiltinQueue:
+        """This queue writing through ``store`` (a fenced view of its own), sharing its lock, so
+        a leader's dispatch is fenced and still serialised with the API's."""
+        view = copy.copy(self)
+        view.store = store
+        return view
 
     # -- observing -------------------------------------------------------------------------
     def observe(self, now: datetime) -> dict[str, PoolQueue]:

@@ -104,7 +104,9 @@ def test_metrics_are_for_admins_only(client: httpx.Client, tokens: Tokens) -> No
 
 
 def test_ticks_are_timed_by_the_loop_and_by_evaluate(rt: Runtime, store: Store) -> None:
-    ControlLoop(rt, 1.0).tick()
+    loop = ControlLoop(rt, 1.0)
+    loop.tick()
+    loop.close()  # stopped: its leases are free for the evaluation
     [stat] = store.tick_stats()
     assert stat.policy == "train" and stat.ticks == 1 and stat.last_at == rt.clock.now()
     assert stat.last_duration_s > 0 and stat.total_duration_s == stat.last_duration_s

@@ -437,7 +437,9 @@ def test_embedded_tick_and_evaluate_roll_up_before_observing(store: Store, tmp_p
     rt = runtime_of(rig, tmp_path)
     launch(store, "gone", T0 - 2 * H, price=10.0)
     terminate(store, "gone", T0 - H)
-    ControlLoop(rt, 1.0).tick()
+    loop = ControlLoop(rt, 1.0)
+    loop.tick()
+    loop.close()  # stopped: its leases are free for the evaluation
     assert [x.cost_micros for x in store.ledger_lines("gone")] == [10_000_000]
 
     launch(store, "later", T0 - H, price=3.6)

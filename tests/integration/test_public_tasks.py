@@ -98,13 +98,22 @@ def app(env: str) -> Iterator[Celery]:
 
 @pytest.fixture
 def store(env: str) -> Iterator[Store]:
-    """The worker's store, emptied of pool controls and nodes before each test."""
+    """The worker's store, emptied of pool controls, nodes and controller leases before each
+    test."""
     with Store(env) as s:
         with s.engine.begin() as conn:
             for table in ("pool_controls", "node_events", "nodes", "decisions", "policy_memory",
-                          "cost_lines", "ledger_marks"):
+                          "cost_lines", "ledger_marks", "leases"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
         yield s
+
+
+def _forget_tick_periods() -> None:
+    from orchestrator.automation.runtime import redis_client
+    from orchestrator.automation.tasks import TICK_PREFIX
+
+    for key in redis_client().scan_iter(f"{TICK_PREFIX}*"):
+        redis_client().delete(key)
 
 
 def call(app: Celery, name: str, **kwargs: Any) -> Any:
@@ -207,3 +216,39 @@ def test_bad_arguments_are_refused_naming_the_argument(app: Celery, store: Store
         assert info.value.argument == argument
         assert result.state == "FAILURE"  # refused once, never retried
     assert store.pool_controls() == {}  # nothing was written
+
+
+# -- one controller plans a pool (issue 13, finding 6) ---------------------------------------------
+
+
+def test_evaluate_and_reconcile_do_not_act_while_an_embedded_loop_leads(app: Celery,
+                                                                          store: Store) -> None:
+    """Finding 6: a ``burst.policy.evaluate`` task planned a tick for a pool that an embedded
+    ``burst run`` on the same store was ticking. Both now take the same store lease."""
+    from orchestrator.automation.runtime import runtime
+    from orchestrator.loop import ControlLoop
+
+    loop = ControlLoop(runtime(), 5.0)  # an embedded loop on the worker's store
+    ticked = loop.tick()
+    assert ticked.skipped == {} and len(ticked.decisions) == 1
+    decisions = len(store.decisions())
+    try:
+        result = call(app, "burst.policy.evaluate", policy="fast")
+        assert result["leader"] is False
+        assert "policy:fast is led by another live controller (burst-run:" in result["reason"]
+        assert "decision" not in result
+        assert len(store.decisions()) == decisions, "the evaluation planned beside the loop"
+        reconciled = call(app, "burst.reconcile.run")
+        assert reconciled["leader"] is False and "reconcile is led by" in reconciled["reason"]
+    finally:
+        loop.close()
+    # Stopped cleanly: its leases are free at once, and the evaluation plans (in a tick period
+    # not planned yet: an earlier test's evaluation may have planned this one).
+    _forget_tick_periods()
+    result = call(app, "burst.policy.evaluate", policy="fast")
+    assert result["leader"] is True and result["decision"]["id"], result
+    # ... and now the Celery deployment leads: the embedded loop skips the pool, reported.
+    again = ControlLoop(runtime(), 5.0)
+    report = again.tick()
+    assert report.decisions == [] and report.skipped["policy:fast"].startswith("celery:")
+    again.close()

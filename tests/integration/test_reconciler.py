@@ -322,3 +322,43 @@ def test_relaunch_after_transient_errors_backs_off_exponentially(store):
         assert relaunches(due_after - 1) == []
         [again] = relaunches(due_after)
         assert again.request_id == node.request_id  # same idempotency token
+
+
+# -- liveness on the controller's observation window (issue 13, finding 1) -------------------------
+
+
+def _terminations(rig: Rig, at, observing_since=None) -> list[tuple]:
+    return [(a.node_id, a.reason) for a in rig.reconciler.step(at, observing_since)
+            if isinstance(a, Terminate)]
+
+
+def test_silence_while_the_controller_was_away_is_not_the_nodes(rig: Rig) -> None:
+    """A node heard last before the outage is not heartbeat-lost at the restart: its age counts
+    from when this controller could hear it, plus the agent's documented retry allowance."""
+    from orchestrator.reconciler import HEARD_WITHIN
+
+    launched(rig, 1, S.BOOTING, S.JOINING, S.READY, last_heartbeat=rig.now)
+    heartbeat = rig.policy.timeouts.heartbeat
+    back = rig.now + 5 * heartbeat  # the controller was away five heartbeat timeouts
+    # Judged on the records alone (the old rule), the node is lost at once.
+    assert _terminations(rig, back) == [("n1", ActionReason.HEARTBEAT_LOST)]
+    # Judged on the window, it is not, until a live agent would have been heard and then some.
+    assert _terminations(rig, back, back) == []
+    deadline = back + HEARD_WITHIN + heartbeat
+    assert _terminations(rig, deadline - timedelta(seconds=1), back) == []
+    assert _terminations(rig, deadline, back) == [("n1", ActionReason.HEARTBEAT_LOST)]
+    # A heartbeat heard after the restart counts as usual.
+    heard = back + HEARD_WITHIN + timedelta(seconds=5)
+    rig.move("n1", last_heartbeat=heard)
+    assert _terminations(rig, heard + heartbeat - timedelta(seconds=1), back) == []
+    assert _terminations(rig, heard + heartbeat, back) == [("n1", ActionReason.HEARTBEAT_LOST)]
+
+
+def test_state_timeouts_count_only_time_inside_the_window(rig: Rig) -> None:
+    """A node booting when the controller went away is not boot-timed-out by the absence."""
+    launched(rig, 1, S.BOOTING)
+    boot = rig.policy.timeouts.boot
+    back = rig.now + 2 * boot
+    assert _terminations(rig, back) == [("n1", ActionReason.BOOT_TIMEOUT)]
+    assert _terminations(rig, back + boot - timedelta(seconds=1), back) == []
+    assert _terminations(rig, back + boot, back) == [("n1", ActionReason.BOOT_TIMEOUT)]
