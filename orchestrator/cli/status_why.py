@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.domain.plan import Decision, Rule
-from orchestrator.policy.models import Policy
-from orchestrator.store.records import JobRecord
+
+if TYPE_CHECKING:  # importing the store package costs the CLI's start-up its SQLAlchemy import
+    from orchestrator.policy.models import Policy
+    from orchestrator.store.records import JobRecord
 
 
 def policy_overview(store: Any, policies: list[Policy], now: datetime
