@@ -78,6 +78,13 @@ class Settings(BaseSettings):
         description="Seconds before Redis redelivers an unacknowledged task (longer than any task).")
     lease_s: float | None = Field(default=None, gt=0,
                                   description="Leader lease per policy (default: 3 x tick_s).")
+    register_burst: float = Field(
+        default=30.0, ge=1, le=1_000_000,
+        description="Anonymous agent registrations one client address may make at once (the API's "
+                    "token bucket; 429 past it).")
+    register_per_s: float = Field(
+        default=2.0, gt=0, le=1_000_000,
+        description="Registrations a second refilled per client address.")
     decision_retention: Duration = Field(
         default=timedelta(days=30),
         description="How long decisions are kept after they were last made (like 30d or 12h); "

@@ -21,9 +21,11 @@ from orchestrator.api.limits import BodyLimit, Rate, RateLimit
 from orchestrator.wiring import Runtime
 
 
-def create_app(runtime: Runtime, *, register_rate: Rate = Rate()) -> FastAPI:
+def create_app(runtime: Runtime, *, register_rate: Rate | None = None) -> FastAPI:
     """The API application over a wired runtime; ``register_rate``: the per-source token
-    bucket of anonymous agent registrations."""
+    bucket of anonymous agent registrations (default: from the runtime's settings)."""
+    if register_rate is None:
+        register_rate = Rate(runtime.settings.register_burst, runtime.settings.register_per_s)
     app = FastAPI(title="burst controller", version="0.1.0",
                   description="burst's controller API: node agents, cost reports, budgets, "
                               "nodes, decisions and the built-in queue. See docs/api.md.")

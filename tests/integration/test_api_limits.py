@@ -166,3 +166,18 @@ def test_agent_routes_refuse_big_bodies_with_a_credential_too(rt: Runtime, path:
                              headers={**bearer("bnc_x"), "Content-Type": "application/json",
                                       "Connection": "close"})
     assert answer.status_code == 413 and answer.headers["content-type"] == PROBLEM_JSON
+
+
+def test_the_registration_rate_comes_from_the_settings(rt: Runtime, tmp_path) -> None:
+    from orchestrator.wiring import Settings
+
+    rt.settings = Settings(state_dir=tmp_path / "state", register_burst=2, register_per_s=0.01)
+    server = ApiServer(create_app(rt), "127.0.0.1", 0)
+    port = server.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            codes = [client.post("/v1/agent/register", json={"node_id": "n1", "join_token": "x"})
+                     .status_code for _ in range(3)]
+    finally:
+        server.stop()
+    assert codes == [401, 401, 429]
