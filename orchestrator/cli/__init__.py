@@ -1,6 +1,13 @@
-"""The ``burst`` command line (typer + rich). Nothing imports this package."""
+"""The ``burst`` command line (typer + rich). Nothing imports this package.
+
+Every ``*_cmd`` module is imported here to register its commands, so each keeps its top-level
+imports to the standard library and typer (see :mod:`orchestrator.cli.common`): ``burst --help``
+must not pay for pydantic, the store or the API (tests/unit/test_cli_startup.py checks it).
+"""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
@@ -18,12 +25,33 @@ from orchestrator.cli.simulate_cmd import simulate_command
 from orchestrator.cli.report_cmd import report_command
 from orchestrator.cli.token_cmd import token_app
 
+# rich_markup_mode=None (on every sub-app too): help and usage errors are plain click text. Rich
+# help panels would import rich's markdown and table machinery on every `--help` (start-up time)
+# and read any `[...]` in a help text or an echoed argument as a style tag.
 app = typer.Typer(
+    rich_markup_mode=None,
     help="burst: burst on-prem GPU training queues to the cloud when a policy says it pays.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, pwsh
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from orchestrator import __version__
+
+        typer.echo(f"burst {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print burst's version and exit.")] = False,
+) -> None:
+    """burst: burst on-prem GPU training queues to the cloud when a policy says it pays."""
 app.add_typer(policy_app, name="policy")
 app.add_typer(db_app, name="db")
 app.add_typer(provider_app, name="provider")
@@ -48,4 +76,6 @@ app.command("report")(report_command)
 
 
 def main() -> None:
-    app()
+    # prog_name: usage lines and shell completion (_BURST_COMPLETE) say `burst` however the entry
+    # point was started (console script, `python -m`, `python -c`).
+    app(prog_name="burst")

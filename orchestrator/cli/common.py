@@ -1,4 +1,17 @@
-"""Shared CLI plumbing: consoles, settings and policy loading with clean errors, JSON output."""
+"""Shared CLI plumbing: consoles, settings and policy loading with clean errors, JSON output.
+
+Two rules every command keeps, both enforced here:
+
+* **Nothing is imported before it is needed.** ``burst --help`` (and every command's ``--help``)
+  must cost about what importing typer and rich costs (docs/performance.md,
+  bench/bench_cli_startup.py), so this module, and the top of every ``*_cmd`` module, import only
+  the standard library and typer; pydantic, the policy model, the store, the API and rich's
+  consoles are imported inside the functions that use them.
+* **Data is never markup.** The consoles are built with ``markup=False``: a policy, budget, job or
+  decision named ``vision[day]`` or ``[bold]`` prints verbatim, in tables and titles too. Styling
+  is applied with ``style=`` or :class:`rich.text.Text` spans, never by writing tags into a
+  string that also holds data.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +19,79 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-
-from orchestrator.policy import Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrator.policy import Policy
     from orchestrator.wiring import Settings
 
 # Piped or redirected, rich would lay tables out for 80 columns and cut numbers short ("$606,4…");
 # a file or a pager gets the full rows instead (COLUMNS, when set, still wins).
 _PIPED_WIDTH = 200
-out = Console(highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS")
-              else _PIPED_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-from orchestrator.policy import DEFAULT_POLICY_PATH as DEFAULT_POLICY  # noqa: E402
+
+class _LazyConsole:
+    """A rich Console built on first use (importing rich.console costs start-up time)."""
+
+    def __init__(self, factory: Callable[[], Console]) -> None:
+        self._factory = factory
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        """The Console itself, for rich objects that take one (Live, Progress)."""
+        if self._console is None:
+            self._console = self._factory()
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+def _stdout_console() -> Console:
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    # soft_wrap off (tables need a width), but a plain line is never folded mid-sentence: see
+    # `line` below, which prints with soft_wrap=True.
+    return Console(highlight=False, markup=False, width=_PIPED_WIDTH if piped else None)
+
+
+def _stderr_console() -> Console:
+    from rich.console import Console
+
+    # soft_wrap: a log or event line stays one line however narrow the terminal or pipe.
+    return Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+
+out: Any = _LazyConsole(_stdout_console)
+err: Any = _LazyConsole(_stderr_console)
+
+
+# The shipped default policy: orchestrator.policy.DEFAULT_POLICY_PATH, spelled out here so that
+# naming it does not import the policy model (a unit test checks the two agree).
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policy" / "default.yaml"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", markup=True)
+    """Print ``error: MESSAGE`` (the message verbatim, whatever brackets it holds) and exit."""
+    from rich.text import Text
+
+    line = Text("error:", style="red")
+    line.append(f" {message}")
+    err.print(line)
     raise typer.Exit(code)
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Settings from BURST_* variables / BURST_SETTINGS_FILE, with CLI overrides on top."""
+    from pydantic import ValidationError
+
     from orchestrator.wiring import Settings
 
     try:
@@ -76,21 +133,42 @@ def open_store(settings: Settings):
     return store
 
 
-def load_policies(paths: list[Path] | None, notes: list[str] | None = None) -> list[Policy]:
-    """Load policy files (the shipped default when none is given), expand their accelerators and
-    check them against the provider catalogues; exit 2 listing every problem. ``notes`` collects
-    the catalogue's warnings and what it filled in or expanded (shown by `plan`)."""
-    paths = paths or [DEFAULT_POLICY]
+# The help text of every --policy/-p option that takes policy files (one wording everywhere).
+POLICY_HELP = ("Policy file (repeatable); default: the files in BURST_POLICY_FILES, else the "
+               "shipped default policy.")
+
+
+def policy_files(paths: list[Path] | None, settings: Settings | None = None) -> list[Path]:
+    """The policy files a command works on: the one resolver every command uses.
+
+    ``-p FILE`` (repeatable) when given; else the settings' ``policy_files`` (``BURST_POLICY_FILES``,
+    a JSON list, or ``policy_files`` in ``BURST_SETTINGS_FILE``), which is what the control plane
+    runs; else the shipped default policy.
+    """
+    if paths:
+        return list(paths)
+    settings = settings or load_settings()
+    return list(settings.policy_files) or [DEFAULT_POLICY]
+
+
+def load_policies(paths: list[Path] | None, settings: Settings | None = None,
+                  notes: list[str] | None = None) -> list[Policy]:
+    """Load the policies :func:`policy_files` names, expand their accelerators and check them
+    against the provider catalogues; exit 2 listing every problem. ``notes`` collects the
+    catalogue's warnings and what it filled in or expanded (shown by `plan`)."""
+    from orchestrator.policy import PolicyError, load_policy
+
+    files = policy_files(paths, settings)
     policies: list[Policy] = []
     problems: list[str] = []
-    for path in paths:
+    for path in files:
         try:
             policies.append(load_policy(path))
         except PolicyError as exc:
             problems.extend(str(p) for p in exc.problems)
     if problems:
         for line in problems:
-            err.print(line, markup=False)
+            err.print(line)
         raise typer.Exit(2)
     names = [p.name for p in policies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -99,14 +177,19 @@ def load_policies(paths: list[Path] | None, notes: list[str] | None = None) -> l
     from orchestrator.catalogue_check import resolve_with_catalogue
 
     try:
-        policies, found = resolve_with_catalogue(policies, list(paths))
+        policies, found = resolve_with_catalogue(policies, files)
     except PolicyError as exc:
         for problem in exc.problems:
-            err.print(str(problem), markup=False)
+            err.print(str(problem))
         raise typer.Exit(2) from None
     if notes is not None:
         notes.extend(str(p) for p in found)
     return policies
+
+
+def line(text: Any = "", *, style: str | None = None, stderr: bool = False) -> None:
+    """Print one line (a str is verbatim; a Text keeps its spans), never folded mid-sentence."""
+    (err if stderr else out).print(text, style=style, soft_wrap=True)
 
 
 def print_json(value: Any) -> None:
@@ -114,6 +197,7 @@ def print_json(value: Any) -> None:
 
 
 def setup_logging(level: str) -> None:
+    # Plain logging (no rich handler): a log message is data and is written as it is.
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -43,7 +43,7 @@ class Pool(str, Enum):
 def _check_settings_and_policies() -> Settings:
     """Settings from the environment and the policies they name, with clean errors (exit 2)."""
     settings = load_settings()
-    load_policies(list(settings.policy_files) or None)
+    load_policies(None, settings)
     return settings
 
 
@@ -122,7 +122,7 @@ def api_command(
     from orchestrator.api import create_app
 
     settings = load_settings(api_host=host, api_port=port)
-    load_policies(list(settings.policy_files) or None)
+    load_policies(None, settings)
     _warn_embedded_defaults(settings)
     setup_logging(settings.log_level)
     from orchestrator.automation.runtime import runtime

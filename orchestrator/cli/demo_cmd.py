@@ -8,14 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.common import err, fail, load_policies, out, print_json
-from orchestrator.domain.jobs import JobState, Placement
-from orchestrator.domain.nodes import NodeState
+from orchestrator.cli.common import err, fail, line, load_policies, out, print_json
 
 
 def demo_command(
@@ -25,42 +19,63 @@ def demo_command(
     fabric: Annotated[str, typer.Option(
         "--fabric", help="builtin: the built-in queue's cycle; torch: a burst node joins and "
         "drains out of a running PyTorch elastic job (needs torch).")] = "builtin",
+    keep_state: Annotated[Path | None, typer.Option(
+        "--keep-state", help="Keep the demo's state in this new or empty directory (default: a "
+        "temporary one, deleted at the end), to read its decisions afterwards with "
+        "BURST_STATE_DIR=DIR burst decisions / explain.")] = None,
 ) -> None:
     """Run a whole burst cycle (spike -> launch -> join -> run -> drain -> terminate) in ~1 minute."""
+    from rich.live import Live
+
     from orchestrator.demo import SPIKE
 
-    if fabric == "torch":
-        _torch_demo(as_json, timeout)
-        return
-    if fabric != "builtin":
+    if fabric not in ("builtin", "torch"):
         fail(f"--fabric: {fabric!r} is not builtin or torch")
+    kept = _state_dir(keep_state) if keep_state is not None else None
+    if fabric == "torch":
+        _torch_demo(as_json, timeout, kept)
+        return
 
     [chosen] = load_policies([policy] if policy else None)
     logging.basicConfig(level=logging.ERROR)
     if as_json:
-        summary = _run(chosen, None, timeout)
-        print_json(summary.to_json())
+        summary = _run(chosen, None, timeout, kept)
+        print_json({**summary.to_json(), **({"state_dir": str(kept)} if kept else {})})
     else:
         err.print(f"burst demo: policy {chosen.name!r}, on-prem {chosen.pool.onprem.total_gpus} GPUs, "
                   f"spike of {len(SPIKE)} jobs / {sum(g for _, g, _ in SPIKE)} GPUs; "
                   "timings shortened to seconds for the demo")
         progress = _Progress()
-        with Live(progress.render(), console=err, refresh_per_second=4, transient=False) as live:
+        with Live(progress.render(), console=err.get(), refresh_per_second=4, transient=False) as live:
             def on_tick(runtime, report) -> None:
                 progress.update(runtime, report)
                 live.update(progress.render())
-            summary = _run(chosen, on_tick, timeout)
-        _print_summary(summary)
+            summary = _run(chosen, on_tick, timeout, kept)
+        _print_summary(summary, kept)
     if summary.timed_out or summary.leftover_processes or summary.nodes_launched == 0:
         raise typer.Exit(1)
 
 
-def _run(policy, on_tick, timeout: float):
+def _state_dir(path: Path) -> Path:
+    """--keep-state's directory, absolute (the printed hint works from any directory); it must be
+    new or empty, so that the demo's decisions and jobs are the only ones in it."""
+    path = path.expanduser().absolute()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        fail(f"--keep-state: {path} {'is not a directory' if not path.is_dir() else 'is not empty'}; "
+             "name a new or empty directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--keep-state: cannot create {path}: {exc.strerror or exc}")
+    return path
+
+
+def _run(policy, on_tick, timeout: float, kept: Path | None):
     from orchestrator.demo import run_demo
     from orchestrator.wiring import ProviderUnavailable
 
     try:
-        return run_demo(policy, on_tick=on_tick, timeout_s=timeout)
+        return run_demo(policy, on_tick=on_tick, timeout_s=timeout, keep_state=kept)
     except ProviderUnavailable as exc:
         fail(f"{exc} (the demo needs a policy whose offerings use provider: local)")
 
@@ -78,6 +93,8 @@ class _Progress:
         self.first = None
 
     def update(self, runtime, report) -> None:
+        from orchestrator.domain.jobs import JobState, Placement
+
         jobs = runtime.store.jobs()
         with self._lock:
             self.first = self.first or report.at
@@ -97,7 +114,13 @@ class _Progress:
                 self.lines.append(f"[{self.elapsed:5.1f}s] draining {n}")
             self.lines = self.lines[-6:]
 
-    def render(self) -> Group:
+    def render(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        from orchestrator.domain.nodes import NodeState
+
         with self._lock:
             head = Text(f"t={self.elapsed:5.1f}s  jobs: " + "  ".join(f"{k} {v}" for k, v in self.counts.items()))
             table = Table(box=None, pad_edge=False)
@@ -107,11 +130,21 @@ class _Progress:
                        NodeState.FAILED: "red"}
             for n in self.nodes:
                 c = colours.get(n.state, "cyan")
-                table.add_row(n.id, f"[{c}]{n.state}[/{c}]", f"{n.instance_type} ({n.market})", f"{n.price_usd_hour:.2f}")
+                table.add_row(n.id, Text(str(n.state), style=c), f"{n.instance_type} ({n.market})",
+                              f"{n.price_usd_hour:.2f}")
             return Group(head, table, Text("\n".join(self.launches[-4:] + self.lines)))
 
 
-def _print_summary(s) -> None:
+def explain_hint(state_dir: Path, decision_id: str) -> str:
+    """The command that shows a kept demo's launch decision (shell-quoted, runnable as printed)."""
+    import shlex
+
+    return f"BURST_STATE_DIR={shlex.quote(str(state_dir))} burst explain {shlex.quote(decision_id)}"
+
+
+def _print_summary(s, kept: Path | None = None) -> None:
+    from rich.table import Table
+
     table = Table(title="burst demo summary", show_header=False)
     rows = [
         ("jobs run on-prem / burst", f"{s.jobs_onprem} / {s.jobs_burst} (of {s.jobs_total})"),
@@ -127,14 +160,16 @@ def _print_summary(s) -> None:
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
-    if s.launch_decisions:
-        out.print(f"why it launched: burst explain {s.launch_decisions[0]}  (run against the demo's state, "
-                  "or see `burst decisions` after `burst run`)")
+    # The hint only where it works: without --keep-state the demo's state is deleted by now.
+    if s.launch_decisions and kept is not None:
+        line(f"why it launched: {explain_hint(kept, s.launch_decisions[0])}")
+    elif s.launch_decisions:
+        line("to read why it launched afterwards, run it with --keep-state DIR")
     if s.timed_out:
-        out.print("[red]the demo timed out before the cycle completed[/red]")
+        line("the demo timed out before the cycle completed", style="red")
 
 
-def _torch_demo(as_json: bool, timeout: float) -> None:
+def _torch_demo(as_json: bool, timeout: float, kept: Path | None) -> None:
     """`burst demo --fabric torch`: the elastic job, its burst node's join and checkpoint drain."""
     import importlib.util
 
@@ -147,10 +182,13 @@ def _torch_demo(as_json: bool, timeout: float) -> None:
         err.print("burst demo --fabric torch: a PyTorch elastic job (CPU, gloo) trains on an "
                   "on-prem node; a burst node joins it and later drains out through the "
                   "checkpoint hook. Timings shortened to seconds.")
-    summary = run_torch_demo(on_event=None if as_json else err.print, timeout_s=timeout)
+    summary = run_torch_demo(on_event=None if as_json else err.print, timeout_s=timeout,
+                             keep_state=kept)
     if as_json:
         print_json(summary.to_json())
     else:
+        from rich.table import Table
+
         table = Table(title="burst demo --fabric torch", show_header=False)
         for key, value in (
             ("world size over time", " -> ".join(str(w) for w in summary.world_sizes)),

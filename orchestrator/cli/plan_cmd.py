@@ -5,25 +5,20 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.common import err, fail, load_policies, load_settings, out, print_json
-from orchestrator.domain.plan import Drain, Hold, Launch, Plan, Terminate
-from orchestrator.domain.snapshot_json import (
-    SnapshotError,
-    load_snapshot,
-    plan_to_json,
-    snapshot_json_schema,
-)
-from orchestrator.planner import plan as make_plan
+from orchestrator.cli.common import POLICY_HELP, err, fail, load_policies, load_settings, out, print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from orchestrator.domain.plan import Plan
 
 
 def plan_command(
-    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable); default: the shipped default policy.")] = None,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)] = None,
     snapshot: Annotated[Path | None, typer.Option("--snapshot", "-s", help="Plan this snapshot JSON (see --snapshot-schema) instead of observing the live world.")] = None,
     assume_sustained: Annotated[bool, typer.Option("--assume-sustained", help="Treat each trigger's sustained_for as already met, to see what would be launched.")] = False,
     save_snapshot: Annotated[Path | None, typer.Option("--save-snapshot", help="Write the observed snapshot to FILE (the --snapshot format), for a bug report or a what-if.")] = None,
@@ -34,6 +29,14 @@ def plan_command(
 
     Without --snapshot it observes the live world as `burst run` does (the policies' queue, the
     store's nodes, budgets and memory, the provider catalogues) through a read-only store."""
+    from orchestrator.domain.snapshot_json import (
+        SnapshotError,
+        load_snapshot,
+        plan_to_json,
+        snapshot_json_schema,
+    )
+    from orchestrator.planner import plan as make_plan
+
     if snapshot_schema:
         print(json.dumps(snapshot_json_schema(), indent=2, sort_keys=True))
         return
@@ -44,9 +47,9 @@ def plan_command(
         observe_live,
     )
 
-    catalogue_notes: list[str] = []
-    policies = load_policies(policy, catalogue_notes)
     settings = load_settings()
+    catalogue_notes: list[str] = []
+    policies = load_policies(policy, settings, catalogue_notes)
     try:
         if snapshot is None:
             observed = observe_live(settings, policies, datetime.now(UTC))
@@ -54,8 +57,8 @@ def plan_command(
             try:
                 world = load_snapshot(snapshot)
             except SnapshotError as exc:
-                for line in str(exc).splitlines():
-                    err.print(line, markup=False)
+                for problem in str(exc).splitlines():
+                    err.print(problem, markup=False)
                 raise typer.Exit(2) from None
             observed = fill_offerings(settings, policies, world)
     except LivePlanError as exc:
@@ -94,11 +97,16 @@ def write_snapshot(path: Path, world) -> None:
 
 def render_plan(result: Plan) -> None:
     """The decision of each policy and the actions, every data string printed verbatim."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from orchestrator.domain.plan import Drain, Hold, Launch, Terminate
+
     for decision in result.decisions:
         out.rule(Text(f"policy {decision.policy} — decision {decision.id}"))
         out.print(Text.assemble(("rule: ", "bold"), str(decision.rule), "    ", ("at: ", "bold"),
-                                decision.at.isoformat()))
-        out.print(Text.assemble(("why: ", "bold"), decision.summary))
+                                decision.at.isoformat()), soft_wrap=True)
+        out.print(Text.assemble(("why: ", "bold"), decision.summary), soft_wrap=True)
         inputs = Table(title="inputs", show_header=False, box=None)
         for key, value in decision.inputs.items():
             inputs.add_row(Text(str(key)), Text(str(value)))
@@ -106,7 +114,8 @@ def render_plan(result: Plan) -> None:
         if decision.options:
             out.print(optimizer_table(decision))
         if decision.held_back_by:
-            out.print(Text.assemble(("held back by: ", "yellow"), ", ".join(decision.held_back_by)))
+            out.print(Text.assemble(("held back by: ", "yellow"), ", ".join(decision.held_back_by)),
+                      soft_wrap=True)
     actions = Table(title="actions")
     for col in ("action", "node", "detail", "reason"):
         actions.add_column(col, overflow="fold")
@@ -131,6 +140,9 @@ def render_plan(result: Plan) -> None:
 def optimizer_table(decision) -> Table:
     """The offerings weighed, as an optimizer view: one row per offering and market, the nodes
     it would take, its price and expected cost, and either "chosen" or why it was not."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="offerings considered")
     table.add_column("offering", overflow="fold")
     table.add_column("market")

@@ -16,25 +16,24 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from orchestrator.catalogue_check import resolve_with_catalogue
-from orchestrator.policy import Policy, PolicyError, Problem, load_policy
-from orchestrator.policy.schema import field_reference_markdown, policy_json_schema_text
+from orchestrator.cli.common import err as _err
+from orchestrator.cli.common import out as _out
 
-policy_app = typer.Typer(
+if TYPE_CHECKING:
+    from orchestrator.policy import Policy, Problem
+
+policy_app = typer.Typer(rich_markup_mode=None, 
     help="Check and document bursting policy files (YAML).",
     no_args_is_help=True,
     add_completion=False,
 )
 
-# Plain, unwrapped lines: `FILE:LINE:COL: ...` must stay one line however narrow the terminal.
-_out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Plain, unwrapped lines (soft_wrap): `FILE:LINE:COL: ...` must stay one line however narrow the
+# terminal; the shared consoles print data verbatim (no markup).
 
 
 @dataclass(slots=True)
@@ -67,6 +66,9 @@ class _Result:
 
 
 def _validate_file(name: str) -> _Result:
+    from orchestrator.catalogue_check import resolve_with_catalogue
+    from orchestrator.policy import PolicyError, Problem, load_policy
+
     path = Path(name)
     name = str(path)  # spelled as load_policy spells it in problems (`./a.yaml` -> `a.yaml`)
     try:
@@ -99,6 +101,8 @@ def validate(
 
     Exit code 0 when every file is a valid policy, 1 otherwise.
     """
+    from rich.text import Text
+
     results = [_validate_file(name) for name in files]
     if as_json:
         sys.stdout.write(json.dumps([r.as_json() for r in results], indent=2) + "\n")
@@ -112,7 +116,7 @@ def validate(
                 line.append(
                     f" (policy {result.policy.name}, {count} offering{'s' if count != 1 else ''})"
                 )
-                _out.print(line)
+                _out.print(line, soft_wrap=True)
             for note in result.notes:
                 _err.print(Text(str(note)))
             for problem in result.problems:
@@ -124,10 +128,14 @@ def validate(
 @policy_app.command()
 def schema() -> None:
     """Print the JSON Schema of the policy format (the content of policies/schema.json)."""
+    from orchestrator.policy.schema import policy_json_schema_text
+
     sys.stdout.write(policy_json_schema_text())
 
 
 @policy_app.command()
 def reference() -> None:
     """Print the Markdown field reference (the content of docs/policy-reference.md)."""
+    from orchestrator.policy.schema import field_reference_markdown
+
     sys.stdout.write(field_reference_markdown())

@@ -14,16 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from orchestrator.cli.common import fail, load_policies, load_settings, out, print_json
+from orchestrator.cli.common import POLICY_HELP, fail, load_policies, load_settings, out, print_json
 
-pool_app = typer.Typer(help="Pause, resume, pre-warm or drain the bursting of a pool.",
+pool_app = typer.Typer(rich_markup_mode=None, help="Pause, resume, pre-warm or drain the bursting of a pool.",
                        no_args_is_help=True)
 
-_PolicyOpt = Annotated[list[Path] | None, typer.Option(
-    "--policy", "-p", help="Policy file(s) the controller runs (default: BURST_POLICY_FILES, "
-                           "else the shipped default).")]
+_PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)]
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
 _JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 _Pool = Annotated[str, typer.Argument(help="The pool, as named in a policy's pool.name.")]
@@ -35,7 +32,7 @@ def _runtime(policy: list[Path] | None, state_dir: Path | None) -> Iterator[Any]
     from orchestrator.wiring import build_runtime
 
     settings = load_settings(state_dir=state_dir)
-    policies = load_policies(policy or list(settings.policy_files) or None)
+    policies = load_policies(policy, settings)
     rt = build_runtime(settings, policies, providers={})
     try:
         yield rt
@@ -132,6 +129,8 @@ def spend_command(
     """Burst spend from the cost ledger (prices captured at launch, the providers' billing rules)."""
     from orchestrator.automation import operations as ops
 
+    from rich.table import Table
+
     report = _run(ops.spend_report, policy, state_dir, ops.SpendArgs,
                   since=since, until=until, group_by=group_by)
     if as_json:
@@ -157,7 +156,7 @@ def _show(result: dict, as_json: bool, text: str) -> None:
     if as_json:
         print_json(result)
     else:
-        out.print(text)
+        out.print(text, soft_wrap=True)
 
 
 __all__ = ["pool_app", "spend_command"]

@@ -6,30 +6,33 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from orchestrator.cli.common import fail, load_policies, load_settings, out, print_json
+from orchestrator.cli.common import POLICY_HELP, fail, load_policies, load_settings, out, print_json
 
-provider_app = typer.Typer(help="Check provider setups.", no_args_is_help=True, add_completion=False)
-catalog_app = typer.Typer(help="The GPU offering and price catalogue.", no_args_is_help=True,
+provider_app = typer.Typer(rich_markup_mode=None, help="Check provider setups.", no_args_is_help=True, add_completion=False)
+catalog_app = typer.Typer(rich_markup_mode=None, help="The GPU offering and price catalogue.", no_args_is_help=True,
                           add_completion=False)
 
 
 @provider_app.command("check")
 def check_command(
     name: Annotated[str, typer.Argument(help="Provider: aws, gcp, libcloud or local.")],
-    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) naming the provider.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) naming the provider (repeatable); default: the files in BURST_POLICY_FILES, else the shipped default policy.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks and usable offerings as one JSON object.")] = False,
 ) -> None:
     """Verify credentials and permissions with a dry run, and list the offerings burst would use."""
+    from rich.table import Table
+    from rich.text import Text
+
     from orchestrator.policy import ProviderName
     from orchestrator.wiring import check_provider
 
     known = [p.value for p in ProviderName]
     if name not in known:
         fail(f"unknown provider {name!r}; known providers: {', '.join(known)}")
-    policies = load_policies(policy)
-    rows, usable = check_provider(name, load_settings(), policies)
+    settings = load_settings()
+    policies = load_policies(policy, settings)
+    rows, usable = check_provider(name, settings, policies)
     ok = all(r.ok for r in rows)
     if as_json:
         print_json({"provider": name, "ok": ok,
@@ -41,7 +44,8 @@ def check_command(
         for col in ("check", "result", "detail"):
             table.add_column(col, overflow="fold")
         for r in rows:
-            table.add_row(r.check, "[green]ok[/green]" if r.ok else "[red]FAILED[/red]", r.detail)
+            table.add_row(r.check, Text("ok", style="green") if r.ok else Text("FAILED", style="red"),
+                          r.detail)
         out.print(table)
         offerings = Table(title="offerings the policy would use")
         for col in ("offering", "GPUs", "GPU model", "$/h"):
@@ -55,7 +59,7 @@ def check_command(
 
 @catalog_app.command("refresh")
 def refresh_command(
-    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s); their AWS regions and types are refreshed.")] = None,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) whose AWS regions and types are refreshed (repeatable); default: the files in BURST_POLICY_FILES, else the shipped default policy.")] = None,
 ) -> None:
     """Refresh spot prices and GPU facts from the provider APIs (AWS) into the state directory."""
     from orchestrator.domain.ports import ProviderError
@@ -63,19 +67,21 @@ def refresh_command(
 
     settings = load_settings()
     try:
-        count, path = refresh_catalog(settings, load_policies(policy))
+        count, path = refresh_catalog(settings, load_policies(policy, settings))
     except (ProviderUnavailable, ProviderError) as exc:
         fail(str(exc))
-    out.print(f"refreshed {count} offerings into {path}")
+    out.print(f"refreshed {count} offerings into {path}", soft_wrap=True)
 
 
 @catalog_app.command("list")
 def list_command(
     provider: Annotated[str, typer.Argument(help="aws or gcp.")],
     region: Annotated[str | None, typer.Option("--region", help="Only this region.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the offerings as a JSON list.")] = False,
 ) -> None:
     """List the catalogue's GPU offerings with prices."""
+    from rich.table import Table
+
     from orchestrator.wiring import catalog_offerings
 
     try:

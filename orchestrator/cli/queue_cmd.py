@@ -7,21 +7,24 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from orchestrator.cli.common import age, fail, load_policies, load_settings, open_store, out, print_json
-from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
-from orchestrator.domain.jobs import JobState
-from orchestrator.domain.nodes import NodeState
-from orchestrator.policy import parse_duration
+from orchestrator.cli.common import (
+    POLICY_HELP,
+    age,
+    fail,
+    load_policies,
+    load_settings,
+    open_store,
+    out,
+    print_json,
+)
 
-_PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) the loop runs; default: the shipped default.")]
+_PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)]
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
 
 
-def _store(state_dir: Path | None):
-    return open_store(load_settings(state_dir=state_dir))
+def _settings(state_dir: Path | None):
+    return load_settings(state_dir=state_dir)
 
 
 def submit_command(
@@ -34,21 +37,24 @@ def submit_command(
     count: Annotated[int, typer.Option("--count", min=1, help="Submit this many identical jobs.")] = 1,
     policy: _PolicyOpt = None,
     state_dir: _StateOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the submitted jobs as a JSON list.")] = False,
 ) -> None:
     """Put jobs in the built-in queue."""
+    from orchestrator.policy import parse_duration
+
     try:
         seconds = parse_duration(duration).total_seconds()
     except ValueError as exc:
         fail(f"--duration: {exc}")
     if not project.strip():
         fail("--project: must not be empty")
-    policies = load_policies(policy)
+    settings = _settings(state_dir)
+    policies = load_policies(policy, settings)
     pools = {p.pool.name for p in policies}
     pool = pool or policies[0].pool.name
     if pool not in pools:
         fail(f"--pool: unknown pool {pool!r}; the policies define {', '.join(sorted(pools))}")
-    store = _store(state_dir)
+    store = open_store(settings)
     now = datetime.now(UTC)
     jobs = [store.submit_job(project=project, pool=pool, gpus=gpus, priority=priority,
                              duration_s=seconds, command=command, submitted_at=now) for _ in range(count)]
@@ -57,18 +63,26 @@ def submit_command(
         print_json([{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus} for j in jobs])
     else:
         for job in jobs:
-            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} in pool {pool}")
+            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} in pool {pool}",
+                      soft_wrap=True)
 
 
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
-                   as_json: Annotated[bool, typer.Option("--json")] = False,
+                   as_json: Annotated[bool, typer.Option("--json", help="Print pools, policies, queue, nodes and capacity blocks as one JSON object.")] = False,
                    all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False) -> None:
     """Show the queue (and what holds each pending job), on-prem usage, each policy's last
     decision, limits and budgets, and every burst node."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
+    from orchestrator.domain.jobs import JobState
+    from orchestrator.domain.nodes import NodeState
     from orchestrator.sources.builtin import BuiltinQueue
 
-    policies = load_policies(policy)
-    store = _store(state_dir)
+    settings = _settings(state_dir)
+    policies = load_policies(policy, settings)
+    store = open_store(settings)
     now = datetime.now(UTC)
     queues = BuiltinQueue(store, policies).observe(now)
     nodes = store.nodes(include_terminated=all_nodes)
@@ -117,8 +131,8 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
         for col in ("job", "project", "GPUs", "priority", "waiting", "held back by"):
             queue.add_column(col)
         for j in data["queue"][:30]:
-            queue.add_row(escape(j["id"]), escape(j["project"]), str(j["gpus"]), str(j["priority"]),
-                          age(j["wait_s"]), escape(j["held_back"]["text"]))
+            queue.add_row(j["id"], j["project"], str(j["gpus"]), str(j["priority"]),
+                          age(j["wait_s"]), j["held_back"]["text"])
         out.print(queue)
     table = Table(title=f"burst nodes ({len(nodes)})")
     for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "$/h", "project"):
@@ -126,7 +140,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     colours = {NodeState.READY: "green", NodeState.FAILED: "red", NodeState.DRAINING: "yellow"}
     for n, d in zip(nodes, data["nodes"], strict=True):
         colour = colours.get(n.state, "cyan")
-        table.add_row(n.id, f"[{colour}]{n.state}[/{colour}]", age(d["age_s"]), n.provider,
+        table.add_row(n.id, Text(str(n.state), style=colour), age(d["age_s"]), n.provider,
                       f"{n.instance_type} ({n.market})", f"{d['gpus_busy']}/{n.gpus}",
                       f"{n.price_usd_hour:.2f}", n.project or "-")
     out.print(table)

@@ -19,20 +19,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
-from orchestrator.cli.common import fail, load_policies, load_settings, open_store, out, print_json
-from orchestrator.policy.timefmt import TimeFormatError, parse_aware
+from orchestrator.cli.common import (
+    POLICY_HELP,
+    fail,
+    line,
+    load_policies,
+    load_settings,
+    open_store,
+    out,
+    print_json,
+)
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from orchestrator.costs.report import CostReport
     from orchestrator.policy import Policy
     from orchestrator.policy.models import Budget
 
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
 _PolicyOpt = Annotated[list[Path] | None, typer.Option(
-    "--policy", "-p", help="Policy file(s) whose budgets the chart draws (default: BURST_POLICY_FILES, "
-                           "else the shipped default).")]
+    "--policy", "-p", help="Policy file(s) whose budgets the chart draws (repeatable); default: the "
+                           "files in BURST_POLICY_FILES, else the shipped default policy.")]
 
 
 def report_command(
@@ -66,7 +75,7 @@ def report_command(
         fail(f"--group-by: {exc}")
     projects = frozenset(p.strip() for item in project or [] for p in item.split(",") if p.strip())
     settings = load_settings(state_dir=state_dir)
-    policies = load_policies(policy or list(settings.policy_files) or None) if png else []
+    policies = load_policies(policy, settings) if png else []
     if png is not None and png.suffix.lower() != ".png":
         fail(f"--png: {png} should end in .png")
     if png is not None and (end - start).days > MAX_CHART_DAYS:
@@ -97,10 +106,12 @@ def report_command(
         except OSError as exc:
             fail(f"--png: cannot write {png}: {exc}")
         if not as_json and not as_csv:
-            out.print(f"chart written to {png}")
+            line(f"chart written to {png}")
 
 
 def render_table(report: CostReport) -> Table:
+    from rich.table import Table
+
     keys = [str(k) for k in report.query.group_by]
     table = Table(title=f"burst cost, {_iso(report.query.since)} to {_iso(report.query.until)} (USD)")
     for key in keys:
@@ -186,6 +197,8 @@ MAX_CHART_DAYS = 400  # one bar a day: wider charts are unreadable (and past mat
 
 
 def _time(value: str, option: str) -> datetime:
+    from orchestrator.policy.timefmt import TimeFormatError, parse_aware
+
     try:
         return parse_aware(value, option).astimezone(UTC)
     except TimeFormatError as exc:

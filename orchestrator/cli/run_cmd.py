@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import err, fail, load_policies, load_settings, setup_logging
+from orchestrator.cli.common import POLICY_HELP, err, fail, load_policies, load_settings, setup_logging
 
 
 def run_command(
-    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable); default: the shipped default policy.")] = None,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)] = None,
     tick: Annotated[float | None, typer.Option("--tick", help="Seconds between ticks (default 10, or BURST_TICK_S).")] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Controller API port (BURST_API_PORT).")] = None,
@@ -28,7 +28,7 @@ def run_command(
 
     settings = load_settings(tick_s=tick, state_dir=state_dir, api_port=port)
     setup_logging(settings.log_level)
-    policies = load_policies(policy)
+    policies = load_policies(policy, settings)
     try:
         runtime = build_runtime(settings, policies)
     except ProviderUnavailable as exc:
@@ -91,7 +91,7 @@ def agent_command(
     raise typer.Exit(agent_main(argv))
 
 
-db_app = typer.Typer(help="State database maintenance.", no_args_is_help=True, add_completion=False)
+db_app = typer.Typer(rich_markup_mode=None, help="State database maintenance.", no_args_is_help=True, add_completion=False)
 
 
 @db_app.command("upgrade")

@@ -6,17 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich import box
-from rich.table import Table
 
-from orchestrator.cli.common import DEFAULT_POLICY, err, fail, load_policies, out, print_json
-from orchestrator.policy.units import parse_duration
+from orchestrator.cli.common import err, fail, line, load_policies, out, policy_files, print_json
 
 
 def simulate_command(
     trace: Annotated[str, typer.Option("--trace", "-t", help="itp | philly | alibaba | itp-sample (bundled) | a canonical CSV file (job_id,submit_s,duration_s,gpus,project,priority).")] = "itp-sample",
-    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable; each is one run); default: the shipped default policy.")] = None,
+    policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file (repeatable; each is one run); default: the files in BURST_POLICY_FILES, else the shipped default policy.")] = None,
     baselines: Annotated[bool, typer.Option("--baselines", help="Also run never, greedy, threshold and the clairvoyant reference.")] = False,
     onprem_gpus: Annotated[str, typer.Option("--onprem-gpus", help="On-prem GPUs: N, pNN (that percentile of the trace's concurrent GPU demand) or 'policy' (the policy's pool.onprem).")] = "p70",
     node_gpus: Annotated[int | None, typer.Option("--node-gpus", help="GPUs per on-prem node (default: the policy's pool.onprem.gpus_per_node).")] = None,
@@ -33,6 +29,9 @@ def simulate_command(
 ) -> None:
     """Replay a job trace against policies (and baselines) on a virtual clock, with the
     production planner deciding every tick; compare cost and queue wait."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    from orchestrator.policy.units import parse_duration
     from orchestrator.sim import SimOptions, SimulationError, TraceError, load_trace, simulate
     from orchestrator.sim.world import Backfill
 
@@ -54,7 +53,7 @@ def simulate_command(
     except ValueError:
         fail(f"--onprem-backfill must be one of {', '.join(b.value for b in Backfill)}, "
              f"got {onprem_backfill!r}")
-    paths = policy or [DEFAULT_POLICY]
+    paths = policy_files(policy)
     policies = load_policies(paths)
     stems = [p.stem for p in paths]
     names = [s if stems.count(s) == 1 else f"{s}:{p.name}" for s, p in zip(stems, policies)]
@@ -74,8 +73,9 @@ def simulate_command(
                "interruptions_per_hour": interruption_rate})
     runs = list(zip(names, policies))
     labels = names + (["never", "greedy", "threshold", "clairvoyant"] if baselines else [])
-    with Progress(TextColumn("[bold]{task.description:<14}"), BarColumn(), TaskProgressColumn(),
-                  TimeElapsedColumn(), console=err, transient=True,
+    # markup=False: a run's name is a file name, and `[x]` in it must not be read as a tag.
+    with Progress(TextColumn("{task.description:<14}", style="bold", markup=False), BarColumn(), TaskProgressColumn(),
+                  TimeElapsedColumn(), console=err.get(), transient=True,
                   disable=not err.is_terminal) as bar:
         tasks = {label: bar.add_task(label, total=1.0) for label in labels}
 
@@ -99,7 +99,7 @@ def simulate_command(
         return
     render(result.data)
     if png is not None:
-        out.print(f"chart written to {png}")
+        line(f"chart written to {png}")
 
 
 def _money(value: float | None) -> str:
@@ -124,13 +124,21 @@ def _dur(seconds: float) -> str:
 
 
 def render(data: dict) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     trace, onprem = data["trace"], data["onprem"]
-    out.print(f"[bold]trace[/bold] {trace['name']}: {trace['jobs']:,} jobs, "
-              f"{trace['gpu_hours']:,.0f} GPU-hours over {_dur(trace['span_s'])}; "
-              f"[bold]on-prem[/bold] {onprem['nodes']} x {onprem['gpus_per_node']} = "
-              f"{onprem['gpus']:,} GPUs ({onprem['sizing']}; {onprem['backfill']} backfill); "
-              f"[bold]wait SLO[/bold] "
-              f"{_dur(data['slo_s'])}; tick {_dur(data['tick_s'])}; seed {data['seed']}")
+    head = Text()
+    head.append("trace", style="bold")
+    head.append(f" {trace['name']}: {trace['jobs']:,} jobs, "
+                f"{trace['gpu_hours']:,.0f} GPU-hours over {_dur(trace['span_s'])}; ")
+    head.append("on-prem", style="bold")
+    head.append(f" {onprem['nodes']} x {onprem['gpus_per_node']} = "
+                f"{onprem['gpus']:,} GPUs ({onprem['sizing']}; {onprem['backfill']} backfill); ")
+    head.append("wait SLO", style="bold")
+    head.append(f" {_dur(data['slo_s'])}; tick {_dur(data['tick_s'])}; seed {data['seed']}")
+    line(head)
     cost = Table(title="cloud cost and use", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("run", "cloud\ncost", "x\nclv", "cloud\nGPUh", "onprem\nGPUh", "nodes\nlaunched",
                    "peak\nnodes", "burst\nutil", "idle\ncost"):
@@ -155,17 +163,17 @@ def render(data: dict) -> None:
             f"{run['jobs_unfinished']:,}")
     out.print(cost)
     out.print(wait)
-    out.print("x clv: cloud cost over the clairvoyant reference's; util: burst GPU time running jobs "
-              "over GPU time billed; idle cost: what the unused part cost")
+    line("x clv: cloud cost over the clairvoyant reference's; util: burst GPU time running jobs "
+         "over GPU time billed; idle cost: what the unused part cost")
     for run in data["runs"]:
         held = run.get("held_back_by")
         if held:
             limits = ", ".join(f"{k} ({v:,} ticks)" for k, v in held.items())
-            out.print(f"{run['name']}: launches held back by {limits}")
+            line(f"{run['name']}: launches held back by {limits}")
     unfinished = [(r["name"], r["jobs_unfinished"]) for r in data["runs"] if r["jobs_unfinished"]]
     for name, count in unfinished:
-        out.print(f"[yellow]{name}: {count:,} job(s) never ran (no capacity it could use would "
-                  "fit them); their wait counts up to the end of the run[/yellow]")
+        line(f"{name}: {count:,} job(s) never ran (no capacity it could use would fit them); "
+             "their wait counts up to the end of the run", style="yellow")
     projects = sorted({p for r in data["runs"] for p in r["projects"]})
     if 1 < len(projects) <= 16:
         per = Table(title="SLO attainment by project (jobs / GPU-hours)")

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.domain.plan import Decision, Rule
@@ -129,13 +128,13 @@ def overview_tables(entries: list[dict[str, Any]]) -> list[Table]:
         if limits["max_hourly_spend_usd"] is not None:
             shown.append(f"max_hourly_spend_usd {limits['max_hourly_spend_usd']}")
         shown += [f"projects[{name}].max_burst_gpus {q}" for name, q in e["quotas"].items()]
-        policies.add_row(escape(e["policy"]), escape(e["pool"]), escape(last),
-                         escape(", ".join(shown)))
+        policies.add_row(e["policy"], e["pool"], last,
+                         ", ".join(shown))
         for b in e["budgets"]:
             used = "-" if b["used_fraction"] is None else f"{b['used_fraction']:.0%}"
-            budgets.add_row(escape(b["policy"]), escape(b["budget"]), escape(b["project"] or "(pool)"),
+            budgets.add_row(b["policy"], b["budget"], b["project"] or "(pool)",
                             _money(b["spent_usd"]), _money(b["committed_usd"]),
-                            _money(b["limit_usd"]), used, escape(b["grade"] or "-"))
+                            _money(b["limit_usd"]), used, b["grade"] or "-")
     return [policies, budgets] if budgets.row_count else [policies]
 
 

@@ -12,12 +12,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli.common import err, fail, load_settings, open_store, out, print_json
-from orchestrator.policy import parse_duration
 
-token_app = typer.Typer(help="Create, list and revoke bearer tokens of the HTTP API.",
+token_app = typer.Typer(rich_markup_mode=None, help="Create, list and revoke bearer tokens of the HTTP API.",
                         no_args_is_help=True)
 
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
@@ -38,6 +36,7 @@ def create_command(
     as_json: _JsonOpt = False,
 ) -> None:
     """Issue a token and print it, once."""
+    from orchestrator.policy import parse_duration
     from orchestrator.store.tokens import validate_scope
 
     now = datetime.now(UTC)
@@ -69,7 +68,7 @@ def create_command(
     err.print(f"created {token.id}: {token.role} of {scope}"
               + (f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else "")
               + ". Store the token now: it is not shown again.")
-    out.print(secret, markup=False)
+    out.print(secret, soft_wrap=True)
 
 
 @token_app.command("list")
@@ -79,6 +78,9 @@ def list_command(
     as_json: _JsonOpt = False,
 ) -> None:
     """List tokens (never their secrets)."""
+    from rich.table import Table
+    from rich.text import Text
+
     store = _store(state_dir)
     tokens = store.api_tokens(include_revoked=all_tokens)
     store.close()
@@ -97,7 +99,7 @@ def list_command(
     for t in tokens:
         status = t.status(now)
         table.add_row(t.id, str(t.role), ", ".join(t.projects) or "(all)",
-                      f"[{colours[status]}]{status}[/{colours[status]}]",
+                      Text(status, style=colours[status]),
                       _day(t.expires_at) or "never", _day(t.last_used_at) or "never",
                       t.description)
     out.print(table)
@@ -120,7 +122,7 @@ def revoke_command(
         print_json(token.as_json())
         return
     already = before is not None and before.revoked_at is not None
-    out.print(f"token {token.id} revoked" + (" (it already was)" if already else ""))
+    out.print(f"token {token.id} revoked" + (" (it already was)" if already else ""), soft_wrap=True)
 
 
 def _day(moment: datetime | None) -> str:

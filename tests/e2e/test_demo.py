@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import node_processes, run_burst
+from orchestrator.cli.demo_cmd import _print_summary
+from orchestrator.demo import DemoSummary
+from tests.e2e.helpers import burst_cmd, node_processes, run_burst
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +36,43 @@ def test_demo_json_runs_a_whole_burst_cycle_and_leaves_nothing(tmp_path):
     assert node_processes(str(tmp_path)) == [], "the demo left node processes running"
 
 
-def test_demo_human_output_shows_progress_and_summary():
-    result = run_burst("demo", timeout=300)
+def test_demo_human_output_shows_progress_summary_and_a_hint_that_works(tmp_path: Path):
+    state = tmp_path / "kept state"  # a space: the printed hint must be quoted to work
+    result = run_burst("demo", "--keep-state", str(state), env={"TMPDIR": str(tmp_path)},
+                       timeout=300)
     assert result.returncode == 0, result.stderr
     assert "burst demo summary" in result.stdout
     assert "jobs run on-prem / burst" in result.stdout
     assert "scale-up" in result.stderr  # the live view shows the launch decision
+    assert node_processes(str(tmp_path)) == [], "the demo left node processes running"
+
+    # The hint, run as printed (by a shell, `burst` on the PATH), explains the launch.
+    [hint] = [x for x in result.stdout.splitlines() if x.startswith("why it launched: ")]
+    command = hint.removeprefix("why it launched: ")
+    assert command.startswith(f"BURST_STATE_DIR={shlex.quote(str(state))} burst explain d-")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "burst").write_text(f"#!/bin/sh\nexec {shlex.join(burst_cmd())} \"$@\"\n")
+    (bin_dir / "burst").chmod(0o755)
+    shown = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert shown.returncode == 0, shown.stderr
+    decision_id = command.rsplit(" ", 1)[1]
+    assert decision_id in shown.stdout and "rule: scale-up" in shown.stdout
+
+
+def test_demo_hint_is_printed_only_when_the_state_is_kept(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path):
+    summary = DemoSummary(policy="default", nodes_launched=2, launch_decisions=["d-1a2b3c4d5e6f"])
+    _print_summary(summary)
+    printed = capsys.readouterr().out
+    assert "burst explain" not in printed and "--keep-state DIR" in printed
+    _print_summary(summary, tmp_path)
+    assert f"BURST_STATE_DIR={tmp_path} burst explain d-1a2b3c4d5e6f" in capsys.readouterr().out
+
+
+def test_demo_keep_state_refuses_a_directory_in_use(tmp_path: Path):
+    (tmp_path / "something").write_text("x")
+    result = run_burst("demo", "--keep-state", str(tmp_path))
+    assert result.returncode == 2
+    assert f"error: --keep-state: {tmp_path} is not empty" in result.stderr
