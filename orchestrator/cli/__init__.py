@@ -2,7 +2,7 @@
 
 Every ``*_cmd`` module is imported here to register its commands, so each keeps its top-level
 imports to the standard library and typer (see :mod:`orchestrator.cli.common`): ``burst --help``
-must not pay for pydantic, the store or the API (tests/unit/test_cli_startup.py checks it).
+must not pay for pydantic, the store or the API (tests/e2e/test_cli_consistency.py checks it).
 """
 
 from __future__ import annotations
