@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import err, fail, line, load_policies, out, print_json
+from orchestrator.cli.common import DEFAULT_POLICY, err, fail, line, load_policies, out, print_json
 
 
 def demo_command(
@@ -36,7 +36,9 @@ def demo_command(
         _torch_demo(as_json, timeout, kept)
         return
 
-    [chosen] = load_policies([policy] if policy else None)
+    # The demo needs a local-provider policy: the shipped default unless -p names one (never
+    # BURST_POLICY_FILES, which names what the control plane runs).
+    [chosen] = load_policies([policy] if policy else [DEFAULT_POLICY])
     logging.basicConfig(level=logging.ERROR)
     if as_json:
         summary = _run(chosen, None, timeout, kept)

@@ -12,13 +12,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.costs.ledger import roll_up
 from orchestrator.domain import NodeState
 from orchestrator.domain.plan import Decision, OfferingOption, Rule
 from orchestrator.store import Store, default_sqlite_url
-from tests.builders import make_rig, policy_dict
+from tests.builders import make_rig
 from tests.e2e.helpers import FAST_POLICY, free_port, kill_all, run_burst
 
 TEAM = "[bold]team[/] [x]"  # a project name as a user might type it (the store takes any text)
@@ -35,8 +34,6 @@ def seeded(tmp_path_factory: pytest.TempPathFactory):
     """A state directory with a node and ledger for project TEAM and a bracket-laden decision."""
     base = tmp_path_factory.mktemp("console")
     state = base / "state"
-    policy_file = base / "train.yaml"
-    policy_file.write_text(yaml.safe_dump(policy_dict()))
     store = Store(default_sqlite_url(state))
     store.upgrade()
     rig = make_rig(store)
@@ -54,7 +51,8 @@ def seeded(tmp_path_factory: pytest.TempPathFactory):
     store.close()
     env = {"BURST_STATE_DIR": str(state), "BURST_API_PORT": str(free_port()),
            "BURST_LOCAL_BOOT_DELAY_S": "0", "COLUMNS": "250"}
-    yield {"env": env, "policy": str(policy_file), "window": ["--from", start, "--to", end]}
+    # The commands run the fast test policy (pool gpu, like the seeded node's).
+    yield {"env": env, "policy": str(FAST_POLICY), "window": ["--from", start, "--to", end]}
     kill_all(str(state))
 
 
