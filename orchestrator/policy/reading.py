@@ -37,7 +37,9 @@ class InputKind(StrEnum):
 # A policy is a page or two of YAML; a snapshot holds a whole queue and fleet (a few hundred bytes
 # per job and node); the real traces in the shared data are under 4 MiB per folder. The limits
 # leave room for far larger inputs while refusing a file that would exhaust memory.
-MAX_BYTES = {InputKind.POLICY: 1 << 20, InputKind.SNAPSHOT: 64 << 20, InputKind.TRACE: 512 << 20}
+# A policy's limit is lower: YAML is parsed in pure Python (some 20 KB/s for nested flow
+# collections on a busy 2-core machine), so 256 KiB bounds the time a hostile policy can take.
+MAX_BYTES = {InputKind.POLICY: 256 << 10, InputKind.SNAPSHOT: 64 << 20, InputKind.TRACE: 512 << 20}
 # Deepest nesting of lists and mappings: a snapshot nests 6 levels, a policy 5.
 MAX_DEPTH = 32
 # Longest number literal, in characters: ample for any count, price or timestamp.
@@ -46,7 +48,7 @@ MAX_NUMBER_CHARS = 40
 MAX_NODES = 100_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False)  # an exception: mutable (tracebacks, notes) and hashable by identity
 class InputError(Exception):
     """A file could not be read as input; ``str()`` is ``FILE:LINE:COL: message``."""
 
@@ -84,9 +86,13 @@ def read_input(path: str | Path, kind: InputKind) -> str:
     except ValueError as exc:  # a path with a NUL byte in its name
         raise InputError(file, 1, 1, f"cannot read: {exc}") from None
     if len(data) > limit:
-        raise InputError(file, 1, 1, f"file is larger than the {limit // (1 << 20)} MiB a "
-                         f"{kind} file may be")
+        raise InputError(file, 1, 1, f"file is larger than the {_size(limit)} a {kind} file "
+                         "may be")
     return decode_input(data, file)
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
 
 
 def decode_input(data: bytes, file: str) -> str:

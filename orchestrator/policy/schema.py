@@ -199,7 +199,7 @@ def field_reference_markdown() -> str:
         "Unknown keys are errors, and so are values of the wrong type (`\"8\"` is not an integer).",
         "",
         "Limits (each refused with `FILE:LINE:COL: path: message`, never a traceback): a policy "
-        f"file is at most {MAX_BYTES[InputKind.POLICY] >> 20} MiB of UTF-8 text (a bad byte is "
+        f"file is at most {MAX_BYTES[InputKind.POLICY] >> 10} KiB of UTF-8 text (a bad byte is "
         f"named by its byte offset) with no NUL or other control characters; mappings and lists "
         f"nest at most {MAX_DEPTH} levels; YAML aliases expand to at most {MAX_NODES:,} values; "
         f"a number is at most {MAX_NUMBER_CHARS} characters, finite (no `.inf`, `.nan`). Money "

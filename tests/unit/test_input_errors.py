@@ -264,7 +264,7 @@ def test_files_over_the_size_limit_are_refused_before_decoding(tmp_path: Path,
                         InputKind.SNAPSHOT, 100)
     path = tmp_path / "big.json"
     path.write_bytes(b" " * 101)
-    with pytest.raises(InputError, match="larger than the 0 MiB a snapshot file may be"):
+    with pytest.raises(InputError, match="larger than the 0 KiB a snapshot file may be"):
         read_input(path, InputKind.SNAPSHOT)
     with pytest.raises(InputError, match="cannot read: is a directory"):
         read_input(tmp_path, InputKind.SNAPSHOT)
