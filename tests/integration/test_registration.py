@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from orchestrator.domain import NodeState
@@ -37,16 +38,17 @@ class Crash(RuntimeError):
 
 
 class _CrashingConnection:
-    def __init__(self, conn: sa.Connection, table: str, armed: list[bool]):
+    def __init__(self, conn: sa.Connection, table: str, countdown: list[int]):
         self._conn = conn
         self._table = table
-        self._armed = armed
+        self._countdown = countdown
 
     def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        table = getattr(statement, "table", None)
-        if self._armed[0] and getattr(table, "name", None) == self._table:
-            self._armed[0] = False
-            raise Crash(f"controller killed while writing {self._table}")
+        table = getattr(statement, "table", None)  # INSERT, UPDATE, DELETE; a SELECT has none
+        if self._countdown[0] > 0 and getattr(table, "name", None) == self._table:
+            self._countdown[0] -= 1
+            if self._countdown[0] == 0:
+                raise Crash(f"controller killed while writing {self._table}")
         return self._conn.execute(statement, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -54,20 +56,20 @@ class _CrashingConnection:
 
 
 @contextmanager
-def crash_on_write_to(store: Store, table: str) -> Iterator[list[bool]]:
-    """The first write statement to ``table`` raises (once), inside its transaction, which is
+def crash_on_write_to(store: Store, table: str, nth: int = 1) -> Iterator[list[int]]:
+    """The ``nth`` write statement to ``table`` raises (once), inside its transaction, which is
     rolled back as a killed controller's would be."""
     original = store._write
-    armed = [True]
+    countdown = [nth]
 
     @contextmanager
     def crashing() -> Iterator[Any]:
         with original() as conn:
-            yield _CrashingConnection(conn, table, armed)
+            yield _CrashingConnection(conn, table, countdown)
 
     store._write = crashing  # type: ignore[method-assign]
     try:
-        yield armed  # [False] once the crash happened
+        yield countdown  # [0] once the crash happened
     finally:
         del store._write
 
@@ -89,11 +91,16 @@ def _booting(rig: Rig, n: int = 1) -> dict[str, Any]:
     return {"node_id": node.id, "join_token": token, "gpus": 8, "gpu_model": "H100"}
 
 
+@pytest.mark.parametrize("table", ["nodes", "node_events", "join_attempts"])
 def test_a_controller_dying_inside_a_registration_leaves_the_node_registrable(
-        rig: Rig, client: httpx.Client) -> None:
+        rig: Rig, client: httpx.Client, table: str) -> None:
+    """Killed at any write of the registration: nothing of it stays, the token is unspent."""
     body = _booting(rig)
-    with crash_on_write_to(rig.store, "node_events"):
+    with crash_on_write_to(rig.store, table) as countdown:
         assert _no_answer_or_500(client, body)
+    assert countdown == [0]
+    assert rig.node("n1").state is NodeState.BOOTING
+    assert rig.store.join_attempts("n1") == []
     # The agent retries on a 5xx with the same token; it must not find it spent.
     again = client.post("/v1/agent/register", json=body)
     assert again.status_code == 200, again.text
@@ -101,6 +108,21 @@ def test_a_controller_dying_inside_a_registration_leaves_the_node_registrable(
     beat = client.post("/v1/agent/heartbeat", headers=bearer(again.json()["credential"]),
                        json={"node_id": "n1", "status": "idle"})
     assert beat.status_code == 200, beat.text
+
+
+def test_a_controller_dying_after_the_registration_is_finished_by_the_retry(
+        rig: Rig, client: httpx.Client) -> None:
+    """Killed after the registration was written, before the node was made ready and answered
+    (the built-in fabric's joining -> ready): the retry answers and finishes it."""
+    body = _booting(rig)
+    with crash_on_write_to(rig.store, "node_events", nth=2) as countdown:
+        assert _no_answer_or_500(client, body)
+    assert countdown == [0]
+    assert rig.node("n1").state is NodeState.JOINING  # registered, never answered
+    again = client.post("/v1/agent/register", json=body)
+    assert again.status_code == 200, again.text
+    assert rig.node("n1").state is NodeState.READY
+    assert [a["reason"] for a in rig.store.join_attempts("n1")] == ["ok", "again"]
 
 
 def test_a_registration_whose_answer_was_lost_is_answered_again(
@@ -183,7 +205,7 @@ def test_the_agent_retries_a_registration_the_controller_died_in(
              "--work-dir", str(tmp_path / "work")],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True)
         try:
-            wait_for(lambda: not armed[0], timeout=60, what="the first registration")
+            wait_for(lambda: armed[0] == 0, timeout=60, what="the first registration")
             wait_for(lambda: rig.node("n1").state is NodeState.READY, timeout=60,
                      what="the node ready after the agent's retry")
             wait_for(lambda: "registered;" in log.read_text(), timeout=60, what="the agent's log")
