@@ -4,7 +4,9 @@ The policy models check a policy's shape; only the catalogue knows whether ``p4d
 ``a2-highgpu-9g`` or ``us-east-9`` exist. For a provider with a bundled catalogue (AWS, GCP) an
 unknown instance type, region or zone is an **error** at the policy's ``FILE:LINE:COL`` with a
 did-you-mean from the catalogue, because at run time it would only ever be "no usable offering".
-What the policy leaves out and the catalogue fills (``gpus``, ``gpu_model``, the price) is
+(An offering the policy describes fully, with ``gpus`` and a price, is only warned about: it can
+be planned without the catalogue, e.g. a type newer than the bundled snapshot.) What the policy
+leaves out and the catalogue fills (``gpus``, ``gpu_model``, the price) is
 reported as **info**, with the catalogue's price date. A price older than :data:`STALE_AFTER` and
 a libcloud provider (whose sizes only its driver knows) are **warnings**: reported, not fatal.
 
@@ -153,23 +155,29 @@ def check(policy: Policy, catalogue: Catalogue, today: date) -> list[Finding]:
 def _check_offering(index: int, spec: OfferingSpec, rows: list[Row], today: date) -> list[Finding]:
     at = ("offerings", index)
     provider = str(spec.provider)
+    # An offering the policy describes fully (gpus and price) can be planned without the
+    # catalogue (a type newer than the bundled snapshot, say): unknown to it is a warning. One
+    # that needs the catalogue to be planned at all is an error.
+    described = spec.gpus is not None and spec.price_usd_hour is not None
+    unknown = Level.WARNING if described else Level.ERROR
+    planned = "; planned with the policy's gpus and price" if described else ""
     regions = sorted({r.offering.region for r in rows})
     if spec.region not in regions:
-        return [Finding(Level.ERROR, (*at, "region"),
+        return [Finding(unknown, (*at, "region"),
                         f"{provider} has no GPU offerings in region {spec.region!r}"
-                        + _did_you_mean(spec.region, regions))]
+                        + _did_you_mean(spec.region, regions) + planned)]
     types = sorted({r.offering.instance_type for r in rows})
     if spec.instance_type not in types:
-        return [Finding(Level.ERROR, (*at, "instance_type"),
+        return [Finding(unknown, (*at, "instance_type"),
                         f"{spec.instance_type!r} is not a GPU instance type of {provider}"
-                        + _did_you_mean(spec.instance_type, types))]
+                        + _did_you_mean(spec.instance_type, types) + planned)]
     here = [r for r in rows if r.offering.region == spec.region
             and r.offering.instance_type == spec.instance_type]
     if not here:
         where = sorted({r.offering.region for r in rows if r.offering.instance_type == spec.instance_type})
-        return [Finding(Level.ERROR, (*at, "instance_type"),
+        return [Finding(unknown, (*at, "instance_type"),
                         f"{spec.instance_type} is not offered in {spec.region}; it is in "
-                        + ", ".join(where[:8]) + (" ..." if len(where) > 8 else ""))]
+                        + ", ".join(where[:8]) + (" ..." if len(where) > 8 else "") + planned)]
     findings: list[Finding] = []
     if spec.zone is not None and not _zone_in(provider, spec.zone, spec.region):
         example = f"{spec.region}a" if provider == ProviderName.AWS else f"{spec.region}-a"
@@ -179,9 +187,9 @@ def _check_offering(index: int, spec: OfferingSpec, rows: list[Row], today: date
     row = next((r for r in here if r.offering.market is spec.market), None)
     if row is None:
         markets = sorted(str(r.offering.market) for r in here)
-        findings.append(Finding(Level.ERROR, (*at, "market"),
+        findings.append(Finding(unknown, (*at, "market"),
                                 f"{spec.instance_type} in {spec.region} is sold only as "
-                                f"{', '.join(markets)} in the catalogue"))
+                                f"{', '.join(markets)} in the catalogue" + planned))
         return findings
     o = row.offering
     if spec.gpus is not None and spec.gpus != o.gpus:

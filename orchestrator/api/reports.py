@@ -60,8 +60,8 @@ def router(runtime: Runtime) -> APIRouter:
     def costs(
         request: Request,
         token: Caller,
-        since: Annotated[str | None, Query(alias="from", description="ISO 8601 start with a timezone (default: the start of this month, UTC).")] = None,
-        until: Annotated[str | None, Query(alias="to", description="ISO 8601 end with a timezone (default: now).")] = None,
+        since: Annotated[str | None, Query(alias="from", description="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (7d); default: the start of this month, UTC.")] = None,
+        until: Annotated[str | None, Query(alias="to", description="End: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (30m); default: now.")] = None,
         group_by: Annotated[str, Query(description="Comma-separated keys: project, pool, policy, provider, region, instance_type, market, node, job, kind, day.", max_length=200)] = DEFAULT_GROUP_BY,
         project: ProjectQuery = None,
         pool: NameQuery = None,
@@ -72,8 +72,8 @@ def router(runtime: Runtime) -> APIRouter:
 
         scope = project_scope(token, parse_projects(project))
         now = runtime.clock.now()
-        end = parse_time(until, "to") if until is not None else now
-        start = parse_time(since, "from") if since is not None else month_start(end)
+        end = parse_time(until, "to", now) if until is not None else now
+        start = parse_time(since, "from", now) if since is not None else month_start(end)
         if since is None and start >= end:
             start = end - timedelta(days=1)  # "to" is the first instant of a month
         if start >= end:

@@ -31,7 +31,7 @@ from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy import bounds, parse_duration
-from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware
+from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware, parse_when
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
 from orchestrator.store.tokens import PROJECT_RE, Role
@@ -334,13 +334,19 @@ def _wait(job: JobRecord, now: datetime) -> float:
     return round(max((end - job.submitted_at).total_seconds(), 0.0), 1)
 
 
-def parse_time(value: str, parameter: str) -> datetime:
-    """An ISO 8601 time with a timezone; a 422 naming ``parameter`` otherwise."""
+def parse_time(value: str, parameter: str, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time with a timezone — or, given ``now``, also a date (UTC midnight) or a span
+    back from now (``7d``), as :func:`~orchestrator.policy.timefmt.parse_when` reads them; a 422
+    naming ``parameter`` and the accepted forms otherwise."""
     try:  # between EARLIEST and LATEST: the routes' date arithmetic cannot overflow
+        if now is not None:
+            return parse_when(value, parameter, now)
         return parse_aware(value, parameter).astimezone(UTC)
     except TimeFormatError as exc:
         reason = str(exc).removeprefix(f"{parameter}: ")
-        raise invalid(parameter, f"{reason} (got {value[:60]!r})") from None
+        if "got " not in reason:
+            reason = f"{reason} (got {value[:60]!r})"
+        raise invalid(parameter, reason) from None
 
 
 __all__ = ["JobIn", "JobOut", "NodeOut", "QueueOut", "iso", "parse_time", "router"]

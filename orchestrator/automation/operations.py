@@ -35,7 +35,7 @@ from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain, Launch, Terminate
 from orchestrator.policy.models import Policy
-from orchestrator.policy.timefmt import TimeFormatError, parse_aware
+from orchestrator.policy.timefmt import TimeFormatError, parse_aware, parse_when
 from orchestrator.store import Store
 from orchestrator.store.ledger import CostSums
 from orchestrator.leadership import Controller, Holder, lease_ttl, policy_scope
@@ -93,6 +93,19 @@ def parse_group_by(value: Any) -> tuple[str, ...]:
 Name = Annotated[StrictStr, Field(min_length=1, max_length=128)]
 Reason = Annotated[StrictStr, Field(max_length=500)]
 AwareTime = Annotated[datetime, BeforeValidator(parse_time)]
+
+
+def parse_moment(value: Any) -> datetime:
+    """A report-window moment as people write it: an ISO time with a timezone, a date (UTC
+    midnight) or a span back from now (``7d``), through the one parser
+    (:func:`orchestrator.policy.timefmt.parse_when`); ValueError otherwise."""
+    try:
+        return parse_when(value, "time", datetime.now(UTC))
+    except TimeFormatError as exc:
+        raise ValueError(str(exc).removeprefix("time: ")) from None
+
+
+Moment = Annotated[datetime, BeforeValidator(parse_moment)]
 GroupBy = Annotated[tuple[str, ...], BeforeValidator(parse_group_by)]
 
 
@@ -126,8 +139,8 @@ class CancelArgs(_Args):
 
 
 class SpendArgs(_Args):
-    since: AwareTime | None = None
-    until: AwareTime | None = None
+    since: Moment | None = None
+    until: Moment | None = None
     group_by: GroupBy = ("project",)
 
 

@@ -13,7 +13,7 @@ import typer
 
 from orchestrator.cli.cancel_cmd import cancel_command
 from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
-from orchestrator.cli.pool_cmd import pool_app, spend_command
+from orchestrator.cli.pool_cmd import pool_app
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
 from orchestrator.cli.demo_cmd import demo_command
 from orchestrator.cli.plan_cmd import plan_command
@@ -70,7 +70,8 @@ app.command("agent")(agent_command)
 app.command("worker")(worker_command)
 app.command("beat")(beat_command)
 app.command("api")(api_command)
-app.command("spend")(spend_command)
+# One command answers "what did we spend": `spend` is `report` (same options, same totals).
+app.command("spend", help="Alias of `burst report`: spend from the cost ledger.")(report_command)
 app.command("simulate")(simulate_command)
 app.command("report")(report_command)
 

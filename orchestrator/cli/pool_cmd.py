@@ -120,38 +120,6 @@ def drain_command(pool: _Pool,
     _show(result, as_json, f"{text}; {result['note']}")
 
 
-def spend_command(
-    since: Annotated[str | None, typer.Option("--since", help="ISO 8601 start (default: the beginning).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="ISO 8601 end (default: now).")] = None,
-    group_by: Annotated[str, typer.Option("--group-by", help="Comma-separated: project, provider, instance_type, pool, day.")] = "project",
-    policy: _PolicyOpt = None, state_dir: _StateOpt = None, as_json: _JsonOpt = False,
-) -> None:
-    """Burst spend from the cost ledger (prices captured at launch, the providers' billing rules)."""
-    from orchestrator.automation import operations as ops
-
-    from rich.table import Table
-
-    report = _run(ops.spend_report, policy, state_dir, ops.SpendArgs,
-                  since=since, until=until, group_by=group_by)
-    if as_json:
-        print_json(report)
-        return
-    window = f"{report['since'] or 'the beginning'} to {report['until']}"
-    table = Table(title=f"burst spend, {window}")
-    for key in report["group_by"]:
-        table.add_column(key)
-    for column in ("nodes", "instance h", "GPU h", "USD"):
-        table.add_column(column, justify="right")
-    for row in report["rows"]:
-        table.add_row(*(str(row[k]) for k in report["group_by"]), str(row["nodes"]),
-                      f"{row['instance_hours']:.2f}", f"{row['gpu_hours']:.2f}", row["cost_usd"])
-    total = report["total"]
-    table.add_section()
-    table.add_row("total", *([""] * (len(report["group_by"]) - 1)), str(total["nodes"]),
-                  f"{total['instance_hours']:.2f}", f"{total['gpu_hours']:.2f}", total["cost_usd"])
-    out.print(table)
-
-
 def _show(result: dict, as_json: bool, text: str) -> None:
     if as_json:
         print_json(result)
@@ -159,4 +127,4 @@ def _show(result: dict, as_json: bool, text: str) -> None:
         out.print(text, soft_wrap=True)
 
 
-__all__ = ["pool_app", "spend_command"]
+__all__ = ["pool_app"]

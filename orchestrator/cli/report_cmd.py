@@ -45,8 +45,8 @@ _PolicyOpt = Annotated[list[Path] | None, typer.Option(
 
 
 def report_command(
-    since: Annotated[str | None, typer.Option("--from", help="ISO 8601 start with a timezone (default: the start of this month, UTC).")] = None,
-    until: Annotated[str | None, typer.Option("--to", help="ISO 8601 end with a timezone (default: now).")] = None,
+    since: Annotated[str | None, typer.Option("--from", "--since", help="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (7d, 30d); default: the start of this month, UTC.")] = None,
+    until: Annotated[str | None, typer.Option("--to", "--until", help="End: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (30m); default: now.")] = None,
     group_by: Annotated[str, typer.Option("--group-by", help="Comma-separated: project, pool, policy, provider, region, instance_type, market, node, job, kind, day.")] = "project",
     project: Annotated[list[str] | None, typer.Option("--project", help="Only this project (repeat for several).")] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Only this pool.")] = None,
@@ -62,8 +62,8 @@ def report_command(
     if as_json and as_csv:
         fail("--json and --csv: choose one")
     now = datetime.now(UTC)
-    end = _time(until, "--to") if until is not None else now
-    start = _time(since, "--from") if since is not None else end.replace(
+    end = _time(until, "--to", now) if until is not None else now
+    start = _time(since, "--from", now) if since is not None else end.replace(
         day=1, hour=0, minute=0, second=0, microsecond=0)
     if since is None and start >= end:
         start = end - timedelta(days=1)
@@ -196,13 +196,13 @@ def write_chart(daily: CostReport, policies: list[Policy], path: Path, start: da
 MAX_CHART_DAYS = 400  # one bar a day: wider charts are unreadable (and past matplotlib's limits)
 
 
-def _time(value: str, option: str) -> datetime:
-    from orchestrator.policy.timefmt import TimeFormatError, parse_aware
+def _time(value: str, option: str, now: datetime) -> datetime:
+    from orchestrator.policy.timefmt import TimeFormatError, parse_when
 
     try:
-        return parse_aware(value, option).astimezone(UTC)
+        return parse_when(value, option, now)
     except TimeFormatError as exc:
-        fail(f"{exc} (got {value[:60]!r})")
+        fail(str(exc) if "got " in str(exc) else f"{exc} (got {value[:60]!r})")
 
 
 def _iso(moment: datetime | None) -> str:

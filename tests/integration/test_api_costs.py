@@ -143,3 +143,17 @@ def test_budgets_are_scoped_like_the_costs(client: httpx.Client, tokens: Tokens)
     assert budgets(tokens.admin, policy="elsewhere") == []
     refused = client.get("/v1/budgets", params={"project": "vision"}, headers=bearer(tokens.viewer))
     assert refused.status_code == 403 and "vision" in refused.json()["detail"]
+
+
+def test_the_window_takes_dates_and_spans_back_from_the_clock(
+        client: httpx.Client, rig: Rig, tokens: Tokens) -> None:
+    explicit = costs(client, tokens.admin, group_by="project,day")
+    assert costs(client, tokens.admin, group_by="project,day",
+                 **{"from": "2025-03-01", "to": "2025-03-03"}) == explicit
+    # The runtime's clock is 18:00 on 2 March: 42h back is midnight on the 1st, 0m is now.
+    spans = costs(client, tokens.admin, group_by="project", **{"from": "42h", "to": "0m"})
+    assert spans["from"] == "2025-03-01T00:00:00Z" and spans["to"] == "2025-03-02T18:00:00Z"
+    assert spans["total"]["cost_usd"] == explicit["total"]["cost_usd"]
+    bad = client.get("/v1/costs", params={"from": "last tuesday"}, headers=bearer(tokens.admin))
+    assert bad.status_code == 422
+    assert "from" in bad.text and "a date (2026-12-01: UTC midnight)" in bad.text

@@ -140,3 +140,11 @@ def test_gpu_model_names_are_one_per_part_across_catalogues():
     assert {"A100", "A100-80GB", "H100", "L4"} <= names["aws"] & names["gcp"]
     assert gpu_key("NVIDIA A100-80G") == gpu_key("a100 80gb") == gpu_key("A100-80GB")
     assert gpu_key("A100-40GB") == gpu_key("A100") != gpu_key("A100-80GB")
+
+
+def test_a_fully_described_offering_unknown_to_the_catalogue_is_a_warning():
+    found = findings("offerings:\n  - {provider: aws, region: us-east-1, instance_type: p9.new, "
+                     "gpus: 8, price_usd_hour: 40}\n")
+    [warning] = found
+    assert warning.level is Level.WARNING
+    assert "planned with the policy's gpus and price" in warning.message
