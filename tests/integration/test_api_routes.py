@@ -237,7 +237,7 @@ def test_bad_job_fields_are_422_naming_the_field(
     ("/v1/decisions?since=2025-03-01T12:00:00", "query.since"),  # no timezone
     ("/v1/decisions?limit=abc", "query.limit"),
     ("/v1/costs?from=someday", "query.from"),
-    ("/v1/costs?to=2025-03-01", "query.to"),
+    ("/v1/costs?to=2025-03-01T00:00", "query.to"),  # no timezone (a bare date is UTC midnight)
     ("/v1/costs?from=2025-03-02T00:00:00Z&to=2025-03-01T00:00:00Z", "query.from"),
     ("/v1/costs?group_by=project,colour", "query.group_by"),
     ("/v1/costs?pool=%00", "query.pool"),
