@@ -215,3 +215,27 @@ def test_the_agent_retries_a_registration_the_controller_died_in(
     # The registration the controller died in left nothing, not even its audit row.
     assert [a["reason"] for a in rig.store.join_attempts("n1")] == ["ok"], log.read_text()
     assert "registered" in log.read_text()
+
+
+def test_racing_registrations_of_one_node_join_it_once(rig: Rig, client: httpx.Client) -> None:
+    """Four registrations with the node's token at once (an agent retrying over a slow answer):
+    every one is answered, the node joins once, and only the last credential handed out works."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = _booting(rig)
+    base = str(client.base_url)
+
+    def register(_: int) -> httpx.Response:
+        with httpx.Client(base_url=base, timeout=30) as own:
+            return own.post("/v1/agent/register", json=body)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(register, range(4)))
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    assert sorted(a["reason"] for a in rig.store.join_attempts("n1")) == ["again"] * 3 + ["ok"]
+    assert [e.to_state for e in rig.store.events("n1")].count(NodeState.JOINING) == 1
+    assert rig.node("n1").state is NodeState.READY
+    working = [a for a in answers if client.post(
+        "/v1/agent/heartbeat", headers=bearer(a.json()["credential"]),
+        json={"node_id": "n1", "status": "idle"}).status_code == 200]
+    assert len(working) == 1
