@@ -369,6 +369,8 @@ def check_provider(name: str, settings: Settings, policies: list[Policy]) -> tup
         provider = build_provider(name, settings, policies)
     except ProviderUnavailable as exc:
         return [CheckRow("configure", False, str(exc))], []
+    except ProviderError as exc:  # e.g. libcloud: a key variable the policy names is unset
+        return [CheckRow("credentials", False, f"{exc.kind}: {exc}")], []
     rows.append(CheckRow("configure", True, f"{type(provider).__name__} built from the policy"))
     check = getattr(provider, "check", None)
     if check is not None:
@@ -415,15 +417,33 @@ def refresh_catalog(settings: Settings, policies: list[Policy]) -> tuple[int, Pa
     if not regions:
         raise ProviderUnavailable("no policy uses provider aws: GCP and libcloud prices have no "
                                   "public price API to refresh from; the bundled catalogue is used")
-    from providers.aws import make_session
+    from providers.aws import make_session, typed_error
 
     profile = next((p.providers.aws.profile for p in policies if p.providers.aws), None)
-    session = make_session(profile)
-    refreshed = catalog.refresh_aws(session, regions, types)
+    try:
+        session = make_session(profile)
+        refreshed = catalog.refresh_aws(session, regions, types)
+    except Exception as exc:
+        typed = typed_error(exc)  # botocore's errors as the typed ones (AuthError, ...)
+        if typed is None:
+            raise
+        raise typed from exc
     path = settings.state_dir / CATALOG_OVERRIDES
     path.parent.mkdir(parents=True, exist_ok=True)
     catalog.write_overrides(path, refreshed)
     return len(refreshed), path
+
+
+def credential_problems(providers: dict[str, Provider]) -> list[tuple[str, str]]:
+    """``(provider, what it said)`` for each provider whose credential chain yields nothing
+    (adapters with a ``credentials_problem()``: AWS and GCP; no API call is made)."""
+    found = []
+    for name, provider in sorted(providers.items()):
+        probe = getattr(provider, "credentials_problem", None)
+        problem = probe() if probe is not None else None
+        if problem:
+            found.append((name, problem))
+    return found
 
 
 def catalog_offerings(provider: str, settings: Settings) -> list:

@@ -190,6 +190,23 @@ def make_session(profile: str | None = None) -> Any:
     return boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
 
 
+def typed_error(exc: BaseException, what: str = "EC2") -> ProviderError | None:
+    """The typed error for a botocore exception raised outside the adapter (e.g. by the catalogue
+    refresh, which drives EC2 with a session of :func:`make_session`); None for anything else."""
+    if isinstance(exc, bce.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code") or "Unknown")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        message = error.get("Message") or str(exc)
+        return classify_error(code, status)(f"{what} {exc.operation_name}: {code}: {message}",
+                                            provider="aws", code=code)
+    if isinstance(exc, bce.BotoCoreError):
+        kind = next((k for t, k in _BOTOCORE_ERRORS if isinstance(exc, t)), TransientError)
+        return kind(f"{what} client: {type(exc).__name__}: {exc}", provider="aws",
+                    code=type(exc).__name__)
+    return None
+
+
 def client_token(request_id: str) -> str:
     """EC2's idempotency token for a request id: the id itself when it fits, else its digest."""
     if len(request_id) <= _CLIENT_TOKEN_MAX and request_id.isascii() and request_id.isprintable():
@@ -339,6 +356,16 @@ class AwsProvider:
                 self._terminate(region, chunk)
 
     # -- extras (not part of the Protocol) -----------------------------------------------------
+
+    def credentials_problem(self) -> str | None:
+        """Why the credential chain yields no credentials (None: it yields some). No API call is
+        made: the chain (environment, profile files, instance role) is only resolved."""
+        try:
+            with self._errors(_Context()):
+                found = self._client_session().get_credentials()
+        except ProviderError as exc:
+            return str(exc)
+        return None if found is not None else "NoCredentialsError: Unable to locate credentials"
 
     def check(self, dry_run: bool = True, offerings: list[Offering] | None = None) -> list[CheckRow]:
         """What ``burst provider check`` reports: can this account launch and see burst nodes?

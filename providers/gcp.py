@@ -635,6 +635,15 @@ class GcpProvider:
 
     # -- extras (not part of the Protocol) -----------------------------------------------------
 
+    def credentials_problem(self) -> str | None:
+        """Why Application Default Credentials cannot be found (None: they can). No API call."""
+        try:
+            with self._errors("credentials"):
+                self._resolved_credentials()
+        except ProviderError as exc:
+            return str(exc)
+        return None
+
     def check(self) -> list[CheckRow]:
         """What ``burst provider check`` prints: can these credentials do what launches need?
 

@@ -24,6 +24,7 @@ def check_command(
     from rich.table import Table
     from rich.text import Text
 
+    from orchestrator.domain.credentials import credentials_message
     from orchestrator.policy import ProviderName
     from orchestrator.wiring import check_provider
 
@@ -34,8 +35,10 @@ def check_command(
     policies = load_policies(policy, settings)
     rows, usable = check_provider(name, settings, policies)
     ok = all(r.ok for r in rows)
+    rows, credentials = _one_credentials_row(rows)
+    advice = credentials_message(name, credentials) if credentials else None
     if as_json:
-        print_json({"provider": name, "ok": ok,
+        print_json({"provider": name, "ok": ok, "credentials": advice,
                     "checks": [{"check": r.check, "ok": r.ok, "detail": r.detail} for r in rows],
                     "offerings": [{"key": o.key, "gpus": o.gpus, "gpu_model": o.gpu_model,
                                    "price_usd_hour": o.price_usd_hour} for o in usable]})
@@ -53,8 +56,34 @@ def check_command(
         for o in usable:
             offerings.add_row(o.key, str(o.gpus), o.gpu_model, f"{o.price_usd_hour:.4f}")
         out.print(offerings)
+        if advice:
+            fail(advice, code=1)
     if not ok:
         raise typer.Exit(1)
+
+
+def _one_credentials_row(rows: list) -> tuple[list, str | None]:
+    """The rows with every credentials failure folded into one ``credentials`` row (at the first
+    one's place), and that failure's detail (None when the credentials were accepted): missing
+    credentials fail every call the check makes, and saying so once is enough."""
+    from orchestrator.domain.credentials import is_credentials_problem
+    from orchestrator.domain.ports import CheckRow
+
+    failed = [r for r in rows if not r.ok and is_credentials_problem(r.detail, r.check)]
+    if not failed:
+        return rows, None
+    detail = failed[0].detail
+    others = len(failed) - 1
+    folded = CheckRow("credentials", False, detail + (
+        f" (and {others} more check{'s' if others > 1 else ''} failing the same way)"
+        if others else ""))
+    kept: list = []
+    for row in rows:
+        if row is failed[0]:
+            kept.append(folded)
+        elif row not in failed:
+            kept.append(row)
+    return kept, detail
 
 
 @catalog_app.command("refresh")
@@ -62,13 +91,18 @@ def refresh_command(
     policy: Annotated[list[Path] | None, typer.Option("--policy", "-p", help="Policy file(s) whose AWS regions and types are refreshed (repeatable); default: the files in BURST_POLICY_FILES, else the shipped default policy.")] = None,
 ) -> None:
     """Refresh spot prices and GPU facts from the provider APIs (AWS) into the state directory."""
+    from orchestrator.domain.credentials import credentials_message, is_credentials_problem
     from orchestrator.domain.ports import ProviderError
     from orchestrator.wiring import ProviderUnavailable, refresh_catalog
 
     settings = load_settings()
     try:
         count, path = refresh_catalog(settings, load_policies(policy, settings))
-    except (ProviderUnavailable, ProviderError) as exc:
+    except ProviderError as exc:
+        if is_credentials_problem(str(exc)):
+            fail(credentials_message(exc.provider, str(exc)))
+        fail(f"provider {exc.provider}: {exc.kind}: {exc}")
+    except ProviderUnavailable as exc:
         fail(str(exc))
     out.print(f"refreshed {count} offerings into {path}", soft_wrap=True)
 

@@ -24,7 +24,9 @@ def run_command(
     from orchestrator.api.presence import PresenceRecorder
     from orchestrator.api.server import ApiServer
     from orchestrator.loop import ControlLoop, TickReport
-    from orchestrator.wiring import ProviderUnavailable, build_runtime
+    from orchestrator.domain.credentials import credentials_message, is_credentials_problem
+    from orchestrator.domain.ports import ProviderError
+    from orchestrator.wiring import ProviderUnavailable, build_runtime, credential_problems
 
     settings = load_settings(tick_s=tick, state_dir=state_dir, api_port=port)
     setup_logging(settings.log_level)
@@ -33,6 +35,17 @@ def run_command(
         runtime = build_runtime(settings, policies)
     except ProviderUnavailable as exc:
         fail(str(exc))
+    except ProviderError as exc:  # e.g. a libcloud key variable the policy names is unset
+        fail(credentials_message(exc.provider, f"{exc.kind}: {exc}")
+             if is_credentials_problem(f"{exc.code} {exc}") else f"provider {exc.provider}: {exc}")
+    # Credentials are checked before the first tick: without them every launch would fail, tick
+    # after tick, with the same error. One line per provider says what to do.
+    problems = credential_problems(runtime.providers)
+    if problems:
+        runtime.close()
+        for name, detail in problems[:-1]:
+            err.print(f"error: {credentials_message(name, detail)}")
+        fail(credentials_message(*problems[-1]))
     server = ApiServer(create_app(runtime), settings.api_host, settings.api_port)
     try:
         bound = server.start()
