@@ -76,7 +76,28 @@ app.command("simulate")(simulate_command)
 app.command("report")(report_command)
 
 
+# A module an optional extra provides -> the extra (pyproject's [project.optional-dependencies]).
+EXTRAS = {"celery": "celery", "kombu": "celery", "redis": "celery", "boto3": "aws",
+          "botocore": "aws", "google": "gcp", "libcloud": "libcloud", "psycopg": "postgres",
+          "torch": "train"}
+
+
 def main() -> None:
-    # prog_name: usage lines and shell completion (_BURST_COMPLETE) say `burst` however the entry
-    # point was started (console script, `python -m`, `python -c`).
-    app(prog_name="burst")
+    import sys
+
+    # Tick lines and logs reach a file or a pipe as they happen, not when the loop exits.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    try:
+        # prog_name: usage lines and shell completion (_BURST_COMPLETE) say `burst` however the
+        # entry point was started (console script, `python -m`, `python -c`).
+        app(prog_name="burst")
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        sys.stderr.write(f"error: this needs the optional {extra!r} dependencies ({exc.name} is "
+                         f"not installed): pip install 'burst[{extra}]'\n")
+        raise SystemExit(2) from None

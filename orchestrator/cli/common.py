@@ -134,8 +134,8 @@ def open_store(settings: Settings):
 
 
 # The help text of every --policy/-p option that takes policy files (one wording everywhere).
-POLICY_HELP = ("Policy file (repeatable); default: the files in BURST_POLICY_FILES, else the "
-               "shipped default policy.")
+POLICY_HELP = ("Policy file (repeatable); default: the files in BURST_POLICY_FILES, else those "
+               "the state directory's running `burst run` uses, else the shipped default policy.")
 
 
 def policy_files(paths: list[Path] | None, settings: Settings | None = None) -> list[Path]:
@@ -143,12 +143,20 @@ def policy_files(paths: list[Path] | None, settings: Settings | None = None) -> 
 
     ``-p FILE`` (repeatable) when given; else the settings' ``policy_files`` (``BURST_POLICY_FILES``,
     a JSON list, or ``policy_files`` in ``BURST_SETTINGS_FILE``), which is what the control plane
-    runs; else the shipped default policy.
+    runs; else the files the state directory's `burst run` loop runs
+    (:mod:`orchestrator.cli.running`); else the shipped default policy.
     """
+    from orchestrator.cli import running
+
     if paths:
         return list(paths)
     settings = settings or load_settings()
-    return list(settings.policy_files) or [DEFAULT_POLICY]
+    if settings.policy_files:
+        return list(settings.policy_files)
+    loop = running.read(settings.state_dir)
+    if loop is not None and loop.policy_files and all(p.exists() for p in loop.policy_files):
+        return list(loop.policy_files)
+    return [DEFAULT_POLICY]
 
 
 def load_policies(paths: list[Path] | None, settings: Settings | None = None,

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli import running
+
 from orchestrator.cli.common import (
     POLICY_HELP,
     age,
@@ -53,7 +55,8 @@ def submit_command(
     pools = {p.pool.name for p in policies}
     pool = pool or policies[0].pool.name
     if pool not in pools:
-        fail(f"--pool: unknown pool {pool!r}; the policies define {', '.join(sorted(pools))}")
+        fail(f"--pool: no running policy watches pool {pool!r} (a job there would wait forever); "
+             f"the pools watched are {', '.join(sorted(pools))}")
     store = open_store(settings)
     now = datetime.now(UTC)
     jobs = [store.submit_job(project=project, pool=pool, gpus=gpus, priority=priority,
@@ -92,8 +95,12 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     overview, latest = policy_overview(store, policies, now)
     store.close()
     reasons = job_reasons(pending, policies, latest)
+    loop = running.read(settings.state_dir)
     data = {
         "at": now.isoformat(),
+        "loop": None if loop is None else {
+            "running": loop.alive, "pid": loop.pid, "host": loop.host, "since": loop.started_at,
+            "policy_files": [str(p) for p in loop.policy_files]},
         "pools": [{
             "pool": q.pool, "onprem_gpus": q.onprem.total_gpus,
             "onprem_gpus_busy": q.onprem.total_gpus - q.onprem.free_gpus,
@@ -117,6 +124,12 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     if as_json:
         print_json(data)
         return
+    if loop is None:
+        out.print("loop: no `burst run` has recorded itself in this state directory")
+    else:
+        what = (f"burst run (pid {loop.pid} on {loop.host}) since {loop.started_at}" if loop.alive
+                else f"not running (pid {loop.pid} ran from {loop.started_at})")
+        out.print(Text(f"loop: {what}, policies: {', '.join(map(str, loop.policy_files))}"))
     pools = Table(title="pools")
     for col in ("pool", "on-prem GPUs busy", "pending jobs", "pending GPUs", "running on-prem", "running burst"):
         pools.add_column(col)

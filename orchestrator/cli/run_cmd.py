@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import POLICY_HELP, err, fail, load_policies, load_settings, setup_logging
+from orchestrator.cli import running
+from orchestrator.cli.common import (
+    POLICY_HELP,
+    err,
+    fail,
+    load_policies,
+    load_settings,
+    policy_files,
+    setup_logging,
+)
 
 
 def run_command(
@@ -64,6 +73,8 @@ def run_command(
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
+    # What this loop runs, for the commands a user types beside it (submit, status, plan...).
+    running.record(settings.state_dir, policy_files(policy, settings), runtime.executor.config.controller_url)
     names = ", ".join(p.name for p in policies)
     err.print(f"burst: running policies [{names}], tick {settings.tick_s:g}s, state {settings.store_url}, "
               f"agents call {runtime.executor.config.controller_url}")
@@ -91,6 +102,7 @@ def run_command(
         server.stop()
         presence.stop()
         runtime.close()
+        running.clear(settings.state_dir)
     err.print("burst: stopped; burst nodes keep running and are picked up by the next `burst run`")
 
 

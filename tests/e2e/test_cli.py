@@ -114,7 +114,7 @@ def test_submit_rejects_bad_input_clearly(env):
     result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "10 minutes", env=env)
     assert result.returncode == 2 and "--duration" in result.stderr and "Traceback" not in result.stderr
     result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "1m", "--pool", "nope", env=env)
-    assert result.returncode == 2 and "unknown pool 'nope'" in result.stderr
+    assert result.returncode == 2 and "no running policy watches pool 'nope'" in result.stderr
 
 
 def test_status_human_output_has_tables(env):

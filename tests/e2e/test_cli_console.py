@@ -85,7 +85,7 @@ def test_status_submit_and_pool_echo_names_verbatim(seeded) -> None:
 
     bad_pool = burst(seeded, "submit", "--project", "p", "--gpus", "1", "--duration", "1m",
                      "--pool", "[bold]gpu[/]", *policy, code=2)
-    assert "--pool: unknown pool '[bold]gpu[/]'" in bad_pool.stderr
+    assert "--pool: no running policy watches pool '[bold]gpu[/]'" in bad_pool.stderr
 
     paused = burst(seeded, "pool", "pause", "gpu", "--reason", "[bold]maintenance[/] [x]", *policy)
     assert "pool gpu paused ([bold]maintenance[/] [x])" in paused.stdout
