@@ -39,7 +39,8 @@ import pytest
 import redis
 
 from orchestrator.store import Store
-from tests.e2e.helpers import burst_cmd, free_port, kill_all, node_processes, wait_for
+from tests.e2e.helpers import burst_cmd, free_port, kill_all, node_processes
+from tests.processes import READY_S, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PG_ADMIN_DSN = os.environ.get("BURST_TEST_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -289,7 +290,7 @@ class ControlPlane:
             self.wait_ready(name)
         return proc
 
-    def wait_ready(self, *names: str, timeout: float = 60.0) -> None:
+    def wait_ready(self, *names: str, timeout: float = READY_S) -> None:
         """Wait for workers to log that they consume (``<name>@host ready.``)."""
         for name in names:
             pattern = re.compile(rf"{re.escape(name)}@\S+ ready\.")
@@ -305,7 +306,7 @@ class ControlPlane:
                     "-s", schedule, "--pidfile", str(self.root / f"{name}.pid"), "-l", "INFO"]
         return self.start(name, argv)
 
-    def api(self, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    def api(self, timeout: float = READY_S) -> subprocess.Popen[bytes]:
         """The controller API (agents register and report there), waited for until it answers."""
         if _cli_has("api"):
             argv = burst_cmd("api")

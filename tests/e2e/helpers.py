@@ -8,10 +8,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
+
+from tests.processes import READY_S, wait_for  # noqa: F401 - the shared wait, re-exported
 
 # Prefer the console script of the interpreter running the tests (a venv need not be activated).
 _BESIDE = Path(sys.executable).with_name("burst")
@@ -65,12 +66,5 @@ def kill_all(marker: str) -> None:
             pass
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+__all__ = ["BURST", "FAST_POLICY", "READY_S", "burst_cmd", "burst_json", "free_port", "kill_all",
+           "node_processes", "run_burst", "wait_for"]

@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.helpers import (
     FAST_POLICY,
+    READY_S,
     burst_cmd,
     burst_json,
     free_port,
@@ -58,7 +59,8 @@ def instance_records(env: dict) -> list[dict]:
 
 def test_sigterm_stops_the_loop_cleanly(env, tmp_path):
     loop = start_loop(env, tmp_path / "loop.log")
-    wait_for(lambda: "running policies" in (tmp_path / "loop.log").read_text(), 30, what="loop start")
+    wait_for(lambda: "running policies" in (tmp_path / "loop.log").read_text(), READY_S,
+             what="loop start")
     loop.send_signal(signal.SIGTERM)
     assert loop.wait(timeout=30) == 0
     assert "stopped" in (tmp_path / "loop.log").read_text()

@@ -27,6 +27,8 @@ import psutil
 import pytest
 
 from orchestrator.fabric.bootstrap import Bootstrap
+from tests.processes import READY_S
+from tests.processes import wait_for as shared_wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 0.2
@@ -232,14 +234,10 @@ def start_agent(tmp_path: Path, controller: Controller) -> Iterator[Callable[...
             agent.proc.wait(5)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+def wait_for(condition, timeout: float = READY_S, what: str = "condition"):
+    """The shared readiness wait (tests/processes.py), polling every 0.02 s."""
+    return shared_wait_for(condition, timeout, 0.02, what)
 
 
 def assert_clean_log(agent: AgentProcess, controller: Controller) -> None:

@@ -33,6 +33,8 @@ from orchestrator.domain.ports import (
 from orchestrator.policy.models import Market
 from providers import PROVIDERS, load_provider_class
 from providers.local import LocalProvider, default_offerings
+from tests.processes import READY_S
+from tests.processes import wait_for as shared_wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ONE_GPU = next(
@@ -50,16 +52,10 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_for(
-    condition: Callable[[], object], timeout: float = 5.0, what: str = "condition"
-) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+def wait_for(condition, timeout: float = READY_S, what: str = "condition"):
+    """The shared readiness wait (tests/processes.py), polling every 0.02 s."""
+    return shared_wait_for(condition, timeout, 0.02, what)
 
 
 def request(

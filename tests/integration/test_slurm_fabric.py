@@ -28,6 +28,8 @@ from orchestrator.store import Store
 from tests.builders import FixedClock, make_node
 from tests.slurm_env import CHECKPOINT_JOB, slurm_policy
 from tests.slurm_env import slurm, slurm_cluster  # noqa: F401 (fixtures)
+from tests.processes import READY_S
+from tests.processes import wait_for as shared_wait_for
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -45,14 +47,10 @@ def live_store(tmp_path):
 
 
 
-def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+def wait_for(condition, timeout: float = READY_S, what: str = "condition"):
+    """The shared readiness wait (tests/processes.py), polling every 0.1 s."""
+    return shared_wait_for(condition, timeout, 0.1, what)
 
 
 def job(slurm, job_id: str) -> dict:
