@@ -48,11 +48,23 @@ def demo_command(
                   f"spike of {len(SPIKE)} jobs / {sum(g for _, g, _ in SPIKE)} GPUs; "
                   "timings shortened to seconds for the demo")
         progress = _Progress()
-        with Live(progress.render(), console=err.get(), refresh_per_second=4, transient=False) as live:
+        if err.is_terminal:
+            with Live(progress.render(), console=err.get(), refresh_per_second=4,
+                      transient=False) as live:
+                def on_tick(runtime, report) -> None:
+                    progress.update(runtime, report)
+                    live.update(progress.render())
+                summary = _run(chosen, on_tick, timeout, kept)
+        else:
+            # Piped or redirected: no live view (it would be cropped to the pipe's 80 columns and
+            # end without a newline, gluing the summary's title to its last line). Each event is
+            # one whole line as it happens, then the final counts.
             def on_tick(runtime, report) -> None:
                 progress.update(runtime, report)
-                live.update(progress.render())
+                for event in progress.take_new():
+                    line(event, stderr=True)
             summary = _run(chosen, on_tick, timeout, kept)
+            line(progress.head(), stderr=True)
         _print_summary(summary, kept)
     if summary.timed_out or summary.leftover_processes or summary.nodes_launched == 0:
         raise typer.Exit(1)
@@ -93,6 +105,7 @@ class _Progress:
         self.counts: dict[str, int] = {}
         self.elapsed = 0.0
         self.first = None
+        self._new: list[str] = []  # events not yet taken by take_new()
 
     def update(self, runtime, report) -> None:
         from orchestrator.domain.jobs import JobState, Placement
@@ -110,11 +123,23 @@ class _Progress:
             self.nodes = runtime.store.nodes(include_terminated=True)
             for d in report.decisions:
                 if d.actions and any(a != "hold" for a in d.actions):
-                    line = f"[{self.elapsed:5.1f}s] {d.rule}: {d.summary}"
-                    (self.launches if d.rule in ("scale-up", "min-nodes") else self.lines).append(line)
+                    event = f"[{self.elapsed:5.1f}s] {d.rule}: {d.summary}"
+                    (self.launches if d.rule in ("scale-up", "min-nodes") else self.lines).append(event)
+                    self._new.append(event)
             for n in report.execution.drained:
                 self.lines.append(f"[{self.elapsed:5.1f}s] draining {n}")
+                self._new.append(self.lines[-1])
             self.lines = self.lines[-6:]
+
+    def take_new(self) -> list[str]:
+        """The events since the last call, oldest first."""
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def head(self) -> str:
+        with self._lock:
+            return f"t={self.elapsed:5.1f}s  jobs: " + "  ".join(f"{k} {v}" for k, v in self.counts.items())
 
     def render(self):
         from rich.console import Group

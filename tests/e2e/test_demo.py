@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -38,16 +39,22 @@ def test_demo_json_runs_a_whole_burst_cycle_and_leaves_nothing(tmp_path):
 
 def test_demo_human_output_shows_progress_summary_and_a_hint_that_works(tmp_path: Path):
     state = tmp_path / "kept state"  # a space: the printed hint must be quoted to work
-    result = run_burst("demo", "--keep-state", str(state), env={"TMPDIR": str(tmp_path)},
-                       timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "burst demo summary" in result.stdout
+    # Both streams into one pipe, as `burst demo 2>&1 | tee demo.log` would write them.
+    result = subprocess.run(burst_cmd("demo", "--keep-state", str(state)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, timeout=300,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout
+    assert "burst demo summary" in [x.strip() for x in lines]  # a title on a line of its own
     assert "jobs run on-prem / burst" in result.stdout
-    assert "scale-up" in result.stderr  # the live view shows the launch decision
+    # Each event is one whole line: the launch names its offering and the GPUs it is for.
+    launch = re.compile(r"^\[\s*\d+\.\ds\] scale-up: launching \d+ node\(s\) \(\S+\) for \d+ "
+                        r"unmet GPU\(s\)")
+    assert any(launch.match(x) for x in lines), result.stdout
     assert node_processes(str(tmp_path)) == [], "the demo left node processes running"
 
     # The hint, run as printed (by a shell, `burst` on the PATH), explains the launch.
-    [hint] = [x for x in result.stdout.splitlines() if x.startswith("why it launched: ")]
+    [hint] = [x for x in lines if x.startswith("why it launched: ")]
     command = hint.removeprefix("why it launched: ")
     assert command.startswith(f"BURST_STATE_DIR={shlex.quote(str(state))} burst explain d-")
     bin_dir = tmp_path / "bin"
