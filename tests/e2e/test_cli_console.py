@@ -100,3 +100,9 @@ def test_report_rows_keep_bracketed_projects(seeded) -> None:
 def test_run_log_names_policies_and_decisions_verbatim(seeded) -> None:
     run = burst(seeded, "run", "--once", "-p", str(FAST_POLICY))
     assert "burst: running policies [fast], tick" in run.stderr, run.stderr
+
+
+def test_usage_errors_echo_the_argument_verbatim(seeded) -> None:
+    # Help and usage errors are plain click text (rich_markup_mode=None): no tag is eaten there.
+    unknown = burst(seeded, "[bold]status[/]", code=2)
+    assert "No such command '[bold]status[/]'" in unknown.stderr
