@@ -15,13 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from orchestrator.costs.spend import burn_rate_usd_hour, spend
+from orchestrator.costs.spend import budget_spend
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
 from orchestrator.domain.snapshot import BudgetSpend, PrewarmRequest, Snapshot
-from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
@@ -73,6 +72,7 @@ class Observer:
         node_usage = getattr(self.queue, "node_usage", None)
         if node_usage is not None:
             usage = node_usage([n.id for n in nodes if n.state in (NodeState.READY, NodeState.DRAINING)])
+        runs = getattr(self.queue, "burst_runs", None)  # whose work runs on which burst node
         observed = []
         for node in nodes:
             u = usage.get(node.id)
@@ -95,22 +95,10 @@ class Observer:
             paused_pools=paused,
             prewarm=prewarm,
             budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
+            burst_runs=runs() if runs is not None else (),
         )
 
     def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:
-        """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger.
-
-        A failure to read the ledger is not hidden: a budget without observed spend would let
-        the planner launch as if nothing had been spent.
-        """
-        out: dict[str, BudgetSpend] = {}
-        for policy in policies:
-            pool = policy.pool.name
-            for budget in policy.budgets:
-                start, end = window_bounds(budget, now)
-                spent = spend(self.store, since=start, until=end, now=now, pool=pool,
-                              project=budget.project)
-                burn = burn_rate_usd_hour(self.store, pool=pool, project=budget.project)
-                out[budget_key(policy.name, budget.name)] = BudgetSpend(
-                    spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)
-        return out
+        """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger
+        (:func:`orchestrator.costs.spend.budget_spend`: a failure to read it is not hidden)."""
+        return budget_spend(self.store, policies, now)

@@ -13,11 +13,15 @@ was launched for.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 
 from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
 from orchestrator.costs.ledger import DEFAULT_BILLING
+from orchestrator.domain.snapshot import BudgetSpend
+from orchestrator.planner.budgets import budget_key, window_bounds
+from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 from orchestrator.store.base import require_aware
 
@@ -54,4 +58,25 @@ def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | 
     return sum((Decimal(str(p)) for p in prices), Decimal(0))
 
 
-__all__ = ["burn_rate_usd_hour", "spend"]
+def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
+                 ) -> dict[str, BudgetSpend]:
+    """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger (what
+    ``Snapshot.budget_spend`` carries; the built-in queue's dispatcher reads it too).
+
+    A failure to read the ledger is not hidden: a budget without observed spend would let
+    the planner launch as if nothing had been spent.
+    """
+    out: dict[str, BudgetSpend] = {}
+    for policy in policies:
+        pool = policy.pool.name
+        for budget in policy.budgets:
+            start, end = window_bounds(budget, now)
+            spent = spend(store, since=start, until=end, now=now, pool=pool,
+                          project=budget.project)
+            burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
+            out[budget_key(policy.name, budget.name)] = BudgetSpend(
+                spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)
+    return out
+
+
+__all__ = ["budget_spend", "burn_rate_usd_hour", "spend"]

@@ -129,6 +129,20 @@ class BudgetSpend:
 
 
 @dataclass(frozen=True, slots=True)
+class BurstRun:
+    """A job running on a burst node now: whose work it is, where, and for how long it was
+    declared (``duration_s``; None: the policy's ``budget_commitment.default_runtime``). Budgets
+    read these: a project's work on another project's node is its spend."""
+
+    job_id: str
+    project: str
+    node_id: str
+    gpus: int
+    started_at: datetime
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """World state at ``taken_at``."""
 
@@ -143,3 +157,6 @@ class Snapshot:
     # "<policy>/<budget>" -> spend observed in the budget's window; a budget missing here has
     # spent nothing as far as the planner knows (the decision records it as unobserved).
     budget_spend: dict[str, BudgetSpend] = field(default_factory=dict)
+    # Jobs running on burst nodes (the built-in queue and the simulator report them; a source
+    # that cannot tell leaves it empty).
+    burst_runs: tuple[BurstRun, ...] = ()

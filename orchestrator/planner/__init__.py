@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 
+from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import (
     Action,
@@ -46,13 +47,21 @@ from orchestrator.domain.plan import (
     Plan,
     Rule,
 )
-from orchestrator.domain.snapshot import PolicyMemory, PrewarmRequest, Snapshot
+from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PrewarmRequest, Snapshot
+from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, Resolved, resolved
 from orchestrator.planner.scaledown import plan_scale_down
-from orchestrator.planner.scaleup import Budget, Grant, grant_nodes, pool_budget, price_options
+from orchestrator.planner.scaleup import (
+    MULTI_NODE,
+    Budget,
+    Grant,
+    grant_nodes,
+    pool_budget,
+    price_options,
+)
 from orchestrator.planner.wait import WaitSplit, split_unmet
 from orchestrator.policy.models import Policy, TriggerCombine
 
@@ -106,7 +115,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     nodes = census.nodes
     memory = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
-    demand = absorb(queue, nodes, policy, census)
+    books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
+    # With budgets, a ready node counts as covering a pending job only if the dispatcher would
+    # admit the job there (:mod:`.admission`); what the starts commit is taken from the books.
+    admit = (_admitter(policy, books, nodes, now, snapshot.burst_runs)
+             if books is not None or _has_quotas(policy) else None)
+    demand = absorb(queue, nodes, policy, census, admit)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
     # stay queued).
     split: WaitSplit | None = None
@@ -126,7 +140,6 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
                      if n.pool == pool and n.policy != name and _staying(n))
         floor = max(prewarm.gpus - others, 0)  # this policy's share
 
-    books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
     bounded = (frozenset(n.id for n in nodes if books.covers(n)) if books is not None
                else frozenset())
     actions: list[Action] = list(plan_scale_down(policy, nodes, demand.busy_nodes, memory, now, did,
@@ -198,7 +211,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
     else:
         budget = pool_budget(policy, nodes, candidates)
-        held = _held_gpus(nodes)
+        held = _held_gpus(nodes, snapshot.burst_runs)
         grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst,
                                         books)
         held_back = tuple(held_list)
@@ -214,6 +227,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         else:
             rule = Rule.LIMITED
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
+        if MULTI_NODE in held_back:
+            widest = max(c.offering.gpus for c in candidates)
+            wide = sum(1 for j in demand.unmet if j.gpus > widest)
+            summary += (f"; {wide} job(s) wider than one burst node ({widest} GPUs) are not "
+                        "launched for: a job runs on one burst node until multi-node placement "
+                        "lands")
 
     if split is not None and (split.deferred or split.waiting):
         summary = f"{summary}; {split.text()}"
@@ -278,6 +297,27 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     return actions, decision, memory
 
 
+def _has_quotas(policy: Policy) -> bool:
+    return any(p.max_burst_gpus is not None for p in policy.projects)
+
+
+def _admitter(policy: Policy, books: BudgetBook | None, nodes: list[Node], now: datetime,
+              runs: tuple[BurstRun, ...] = ()) -> Callable[[Job, str], bool]:
+    """``admit(job, node id)`` for absorption: a ready node admits as the dispatcher will; a node
+    still in flight is taken as covering what it was launched for (its launch committed it; the
+    dispatcher checks again once it is ready)."""
+    admission = Admission(policy, books, now, held_gpus(nodes, runs))
+    by_id = {n.id: n for n in nodes}
+
+    def admit(job: Job, node_id: str) -> bool:
+        node = by_id.get(node_id)
+        if node is None or node.state is not _READY:
+            return True
+        return admission.admit(job, node).admitted
+
+    return admit
+
+
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:
     trigger = policy.trigger
     gpus = demand.pending_gpus - demand.absorbed_onprem_gpus()
@@ -303,12 +343,9 @@ def _rank(candidates: list[Candidate], options: list[OfferingOption], demand: De
     return sorted(candidates, key=lambda c: order[c.key])
 
 
-def _held_gpus(nodes: list[Node]) -> dict[str, int]:
-    held: dict[str, int] = {}
-    for n in nodes:
-        if n.project and n.state is not _TERMINATED:
-            held[n.project] = held.get(n.project, 0) + n.gpus
-    return held
+def _held_gpus(nodes: list[Node], runs: tuple[BurstRun, ...] = ()) -> dict[str, int]:
+    """Burst GPUs each project holds, as quotas count them (:func:`.admission.held_gpus`)."""
+    return held_gpus(nodes, runs)
 
 
 def _free_gpus(node: Node) -> int:

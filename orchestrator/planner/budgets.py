@@ -41,7 +41,7 @@ from typing import Any
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.plan import Launch
-from orchestrator.domain.snapshot import BudgetSpend, Snapshot
+from orchestrator.domain.snapshot import BudgetSpend, BurstRun, Snapshot
 from orchestrator.policy.models import (
     Budget,
     BudgetAction,
@@ -146,6 +146,36 @@ def in_scope(budget: Budget, pool: str, node_pool: str, node_project: str | None
     return node_pool == pool and (budget.project is None or node_project == budget.project)
 
 
+def run_usd(node: Node, gpus: int, runtime_s: float) -> Decimal:
+    """A job's share of ``node`` for ``runtime_s``: price x gpus / node GPUs x runtime."""
+    if node.gpus <= 0:
+        return _ZERO
+    share = usd(node.price_usd_hour) * Decimal(min(gpus, node.gpus)) / Decimal(node.gpus)
+    return (share * usd(max(runtime_s, 0.0)) / _HOUR).quantize(MICRO, ROUND_CEILING)
+
+
+def run_outstanding_usd(policy: Policy, run: BurstRun, node: Node, now: datetime) -> Decimal:
+    """What a running job still owes of its share of ``node`` for the rest of its declared run."""
+    runtime = job_runtime_s(policy, run.duration_s)
+    left = runtime - max((now - run.started_at).total_seconds(), 0.0)
+    return run_usd(node, run.gpus, left) if left > 0 else _ZERO
+
+
+def foreign_outstanding(policy: Policy, runs: tuple[BurstRun, ...], nodes: dict[str, Node],
+                        now: datetime) -> dict[str, Decimal]:
+    """Per project: what its jobs running on nodes launched for another project (or none) still
+    owe for their declared runs. (On a node of its own project the node's commitment pays.)"""
+    out: dict[str, Decimal] = {}
+    for run in runs:
+        node = nodes.get(run.node_id)
+        if node is None or node.pool != policy.pool.name or node.project == run.project:
+            continue
+        owed = run_outstanding_usd(policy, run, node, now)
+        if owed:
+            out[run.project] = out.get(run.project, _ZERO) + owed
+    return out
+
+
 @dataclass(slots=True)
 class BudgetState:
     """One budget during one tick: what is spent and committed, and what launches took so far."""
@@ -161,6 +191,9 @@ class BudgetState:
     burn: Decimal  # hourly prices of live nodes in scope, this tick's launches included
     observed: bool  # spend was in the snapshot for this window
     tick: Decimal = _ZERO  # commitments of this tick's launches (earlier policies' included)
+    # What the scope's jobs running on nodes outside its scope still owe for their declared runs
+    # (a project's work on another project's node is its spend).
+    runs: Decimal = _ZERO
 
     @property
     def name(self) -> str:
@@ -168,7 +201,7 @@ class BudgetState:
 
     @property
     def used(self) -> Decimal:
-        return self.spent + self.outstanding + self.tick
+        return self.spent + self.outstanding + self.runs + self.tick
 
     @property
     def percent(self) -> Decimal:
@@ -206,6 +239,7 @@ class BudgetState:
             "spend_observed": self.observed,
             "committed_usd": _money(self.outstanding),
             "committed_this_tick_usd": _money(self.tick),
+            "committed_runs_usd": _money(self.runs),
             "remaining_usd": _money(self.limit - self.used),
             "used_percent": None if percent.is_infinite() else round(float(percent), 2),
             "grade": str(self.action) if self.action is not None else None,
@@ -237,6 +271,8 @@ class BudgetBook:
         pool = policy.pool.name
         earlier = list(earlier)
         live = [n for n in snapshot.nodes if n.state.counts_toward_limits and n.pool == pool]
+        foreign = (foreign_outstanding(policy, snapshot.burst_runs, {n.id: n for n in live}, now)
+                   if snapshot.burst_runs else {})
         states = []
         for budget in policy.budgets:
             key = budget_key(policy.name, budget.name)
@@ -254,6 +290,8 @@ class BudgetBook:
                 + sum((usd(lc.offering.price_usd_hour) for lc in mine), _ZERO),
                 observed=observed,
                 tick=sum((usd(lc.budget_commit_usd) for lc in mine), _ZERO),
+                runs=(foreign.get(budget.project, _ZERO) if budget.project is not None
+                      else _ZERO),
             ))
         return cls(states)
 
@@ -315,8 +353,12 @@ class BudgetBook:
         return {f"budgets[{s.name}]" for s in self.states if s.budget.project is None}
 
     def draining(self) -> list[BudgetState]:
-        """Budgets whose drain grade is in force (spend and commitments past it)."""
-        return [s for s in self.states if s.action is BudgetAction.DRAIN]
+        """Budgets whose drain grade is in force (spend and commitments past it), and budgets
+        past their limit whatever their grades: a budget is a cap even with ``grades: []``
+        (only work running past its declared duration takes it there; draining bounds that by
+        ``drain_grace``)."""
+        return [s for s in self.states
+                if s.action is BudgetAction.DRAIN or s.used > s.limit]
 
     def inputs(self) -> dict[str, dict[str, Any]]:
         return {s.name: s.as_input() for s in self.states}

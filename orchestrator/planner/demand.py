@@ -5,8 +5,10 @@ is fitted first into free on-prem GPUs, then into free GPUs of ready burst nodes
 of nodes still booting (so a spike already being answered is not answered twice). What fits
 nowhere is *unmet* demand, the only thing that may cause a launch.
 
-A job wider than one node needs that many whole nodes (multi-node training); a smaller job takes
-GPUs of one node. The fitting is first-fit over bins of free GPUs, which is what the built-in
+On-prem, a job wider than one node needs that many whole nodes (multi-node training); a smaller
+job takes GPUs of one node. On burst nodes a job takes GPUs of one node only: that is all the
+dispatcher places (:mod:`orchestrator.sources.builtin`), so a burst node counts as covering a job
+only if the job could really be started on it. The fitting is first-fit over bins of free GPUs, which is what the built-in
 queue's dispatcher and Slurm's backfill roughly do; it is an estimate for planning, not a schedule.
 
 Speed (100k pending jobs): the scheduling order is worked out on positions into the pending tuple
@@ -19,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import accumulate
@@ -61,6 +63,7 @@ class Bins:
             self._by_free.append([])
         self.free.append(gpus)
         self.owners.append(owner)
+        self.node_size = max(self.node_size, gpus)
         self._by_free[gpus].append(len(self.free) - 1)
         self.total += gpus
 
@@ -90,6 +93,24 @@ class Bins:
             by_free[self.free[index]].remove(index)
             self._move(index, 0)
         return used
+
+    def place_if(self, gpus: int, ok: Callable[[int], bool]) -> list[int] | None:
+        """Place a one-node job (``gpus`` <= ``node_size``) on the bin :meth:`place` would pick
+        among those ``ok`` accepts (asked in that order; the first yes is used)."""
+        if not 0 < gpus <= self.node_size or gpus > self.total:
+            return None
+        by_free = self._by_free
+        for room in range(gpus, len(by_free)):
+            bucket = by_free[room]
+            for position in range(len(bucket) - 1, -1, -1):
+                index = bucket[position]
+                if ok(index):
+                    del bucket[position]
+                    self.total -= gpus
+                    self.free[index] = room - gpus
+                    by_free[room - gpus].append(index)
+                    return [index]
+        return None
 
     def peek(self, gpus: int) -> list[int] | None:
         """The bins :meth:`place` uses for a job of ``gpus``, without placing it: the bin with the least room
@@ -368,10 +389,13 @@ _duration = attrgetter("duration_s")
 
 
 def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
-           census: Census | None = None) -> Demand:
+           census: Census | None = None,
+           admit: Callable[[Job, str], bool] | None = None) -> Demand:
     """Fit the pool's pending jobs into on-prem, then burst capacity; see the module docstring.
     ``census``: the burst capacity as :func:`~orchestrator.planner.census.take_census` gathered
-    it from ``nodes`` this tick (gathered here when not given)."""
+    it from ``nodes`` this tick (gathered here when not given). ``admit(job, node id)``: whether
+    the dispatcher would start the job on that burst node (budgets,
+    :mod:`orchestrator.planner.admission`); asked node by node, a yes commits the start."""
     if queue is None or not queue.pending:
         return Demand((), (), (), (), frozenset())
     order = ordered(queue.pending, policy)
@@ -393,6 +417,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     onprem_gpus = burst_gpus = 0
     busy: set[str] = set()
     owners = burst.owners
+    burst_size = burst.node_size
     onprem_place, burst_place = onprem.place, burst.place
     stop = len(jobs)  # from here on nothing is free anywhere: the rest is all unmet
     for index, gpus in enumerate(order.gpus_in_order()):
@@ -403,7 +428,15 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
             onprem_absorbed.append(jobs[index])
             onprem_gpus += gpus
             continue
-        used = burst_place(gpus) if burst.total else None
+        # Burst nodes take a job only on one node (the built-in queue's dispatcher places no job
+        # across nodes): a wider job is never absorbed there, so no node counts as covering it.
+        used = None
+        if burst.total and gpus <= burst_size:
+            if admit is None:
+                used = burst_place(gpus)
+            else:
+                job = jobs[index]
+                used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
         if used is not None:
             burst_absorbed.append(jobs[index])
             burst_gpus += gpus
@@ -438,6 +471,10 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
         by_project[project] += gpus * count
         widths[gpus] += count
     burst_jobs = tuple(burst_absorbed)
+    if admit is not None:
+        # An unmet job was refused by (or does not fit) every node already there: scale-up packs
+        # it onto this tick's new nodes only.
+        burst = Bins([], node_size=burst.node_size)
     return Demand(jobs, tuple(onprem_absorbed), burst_jobs, unmet_jobs,
                   frozenset(busy), burst_jobs + unmet_jobs, order.pending_gpus,
                   sum(by_project.values()), oldest, burst, onprem_gpus, burst_gpus,

@@ -13,7 +13,10 @@ pack them onto those nodes while they boot, until a limit binds:
   ``max_burst_gpus``;
 * the offering's own ``max_nodes``; when it binds, the next-cheapest candidate takes the rest;
 * budgets (:mod:`.budgets`): a launch must fit the commitment it makes, the hourly burn cap and the
-  grade in force of every budget of its scope.
+  grade in force of every budget of its scope;
+* placement: the dispatcher starts a job on one burst node only, so a job wider than the nodes of
+  every offering is not launched for (``placement.one_node_per_job``) until multi-node placement
+  lands: its nodes would bill while nothing could start it.
 
 Between projects of equal priority, when a pool-wide limit binds, nodes are shared by max-min
 fairness (see :func:`grant_nodes`). Every limit that held back a node is named in
@@ -38,6 +41,8 @@ from orchestrator.planner.offerings import Candidate, expected_cost, expected_ho
 from orchestrator.policy.models import Policy
 
 _IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
+# What holds back a job wider than one burst node of every offering (``held_back_by``).
+MULTI_NODE = "placement.one_node_per_job"
 _GPUS = attrgetter("gpus")
 _DURATION = attrgetter("duration_s")
 
@@ -240,7 +245,7 @@ class _Pass:
 
     def run(self, unmet: tuple[Job, ...], fair: bool, stop_if_pool_limited: bool = False) -> None:
         # The packing continues from the burst capacity absorb left (``bins``): unmet jobs go on
-        # granted nodes, and a multi-node job also on whole nodes already there.
+        # nodes already there or granted this tick, each on one node.
         bins = self.bins
         left = list(unmet)
         for candidate in self.ranked:
@@ -250,23 +255,17 @@ class _Pass:
             carried: list[Job] = []  # jobs this offering could not take: next candidate's turn
             pool_bound = self.full = False
             for job in (self._fair_order(left) if fair else left):
-                where = bins.peek(job.gpus)
+                # One node per job: the dispatcher places no job across burst nodes.
+                where = bins.peek(job.gpus) if job.gpus <= bins.node_size else None
                 if where is not None:
                     self._pack(job, where)  # on a node already there or granted this tick
                     continue
                 if pool_bound:
                     continue
-                if job.gpus <= bins.node_size:
-                    if job.gpus > size:
-                        carried.append(job)  # a one-node job this offering's nodes cannot hold
-                        continue
-                    count = 1
-                else:
-                    count = -(-job.gpus // bins.node_size) - bins.whole()
-                # A multi-node job gets all its missing nodes at once or none: a part of them
-                # would run nothing, idle and be drained, or be launched again next tick (the
-                # nodes in flight cannot hold the job), a flap; a limit smaller than its need
-                # holds it back.
+                if job.gpus > size:
+                    carried.append(job)  # this offering's nodes cannot hold it: the next's turn
+                    continue
+                count = 1
                 # The limits first: the commitment (Decimal arithmetic) is worked out only for a
                 # job they let through, since a bound pool can turn down thousands of jobs a tick.
                 blocker = _blocker(self.budget, candidate, count)
@@ -293,7 +292,7 @@ class _Pass:
                             return
                     if stop_if_pool_limited and self._pool_wide(blocker):
                         return  # this pass is thrown away: the fair one decides
-                    continue  # (a multi-node job that does not fit is skipped, as in a backfill)
+                    continue
                 for _ in range(count):
                     self.budget.take(candidate)
                     if self.books is not None:
@@ -306,6 +305,12 @@ class _Pass:
             if pool_bound or not carried:
                 break
             left = carried
+        else:
+            widest = max((c.offering.gpus for c in self.ranked), default=0)
+            if any(job.gpus > widest for job in left):
+                # Until multi-node placement lands, a job wider than every offering's node is
+                # not launched for: its nodes would bill while the dispatcher cannot start it.
+                self.hold(MULTI_NODE)
 
     def _pack(self, job: Job, where: list[int]) -> None:
         """Place ``job`` on the bins ``where`` (peeked); nodes granted this tick stretch their

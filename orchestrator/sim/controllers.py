@@ -30,6 +30,8 @@ from orchestrator.domain.offerings import Offering
 from orchestrator.domain.plan import ActionReason, Hold, Launch, Terminate
 from orchestrator.domain.snapshot import PolicyMemory, Snapshot
 from orchestrator.planner import plan as make_plan
+from orchestrator.planner.admission import Admission, held_gpus
+from orchestrator.planner.budgets import BudgetBook
 from orchestrator.planner.offerings import resolve_candidates
 from orchestrator.policy.models import Policy
 from orchestrator.sim.pool import GpuPool
@@ -85,7 +87,11 @@ class PolicyController(Controller):
     def bind(self, engine) -> None:
         super().bind(engine)
         self.catalogue = tuple(engine.provider.offerings())
-        self.meter = SpendMeter(self.policy, engine.store)
+        self.meter = SpendMeter(self.policy, engine.store, engine.world)
+        engine.world.burst_one_node = True  # as the built-in queue dispatches
+        if getattr(self.policy, "budgets", ()) or any(
+                p.max_burst_gpus is not None for p in self.policy.projects):
+            engine.world.admission = self.admission
 
     def snapshot(self, now: float) -> Snapshot:
         engine = self.engine
@@ -99,7 +105,21 @@ class PolicyController(Controller):
             capacity_blocks=tuple(store.capacity_blocks(moment)) if store.has_blocks(moment) else (),
             memory=store.load_memory(),
             budget_spend=self.meter.observe(moment),
+            burst_runs=engine.world.running_on_burst(),
         )
+
+    def admission(self, now: float) -> Admission:
+        """What the dispatcher checks a start on a burst node against (the built-in queue's
+        rule): the policy's budgets now, from the metered spend, the nodes and the runs."""
+        moment = at(now)
+        nodes = self.engine.store.live_nodes()
+        runs = self.engine.world.running_on_burst()
+        book = None
+        if self.policy.budgets:
+            snapshot = Snapshot(taken_at=moment, nodes=nodes,
+                                budget_spend=self.meter.observe(moment), burst_runs=runs)
+            book = BudgetBook.build(self.policy, snapshot, moment)
+        return Admission(self.policy, book, moment, held_gpus(nodes, runs))
 
     def act(self, now: float) -> None:
         engine = self.engine

@@ -14,6 +14,7 @@ Free GPUs are indexed by how many are free, so a placement costs O(node size), n
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable
 
 Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...)
 
@@ -98,9 +99,11 @@ class GpuPool:
         for index, used in allocation:
             self._take(index, used)
 
-    def find(self, gpus: int, avoid: frozenset[int] = frozenset()) -> Allocation | None:
+    def find(self, gpus: int, avoid: frozenset[int] = frozenset(),
+             ok: Callable[[int], bool] | None = None) -> Allocation | None:
         """Where :meth:`place` would put a job of ``gpus`` (nodes in ``avoid`` excluded), without
-        placing it; None if it does not fit now."""
+        placing it; None if it does not fit now. ``ok``: for a one-node job, also only a node it
+        accepts (asked in best-fit order)."""
         if gpus > self.free_total:
             return None
         if gpus > self.max_size:
@@ -121,7 +124,7 @@ class GpuPool:
         by_free = self._by_free
         for room in range(gpus, len(by_free)):
             for index in by_free[room]:
-                if index not in avoid:
+                if index not in avoid and (ok is None or ok(index)):
                     return ((index, gpus),)
                 # (``avoid`` holds a few reserved nodes: this inner scan is short)
         return None

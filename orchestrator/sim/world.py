@@ -3,8 +3,10 @@
 Scheduling is priority then FIFO with backfill. Jobs are taken in the planner's scheduling order
 (project priority, job priority, submit time; :func:`orchestrator.planner.demand.scheduling_order`),
 on-prem is always offered work first, and pending jobs that do not fit on-prem run on ready burst
-nodes (a draining node takes no new work). Multi-GPU jobs need GPUs of one node; jobs wider than a
-node need whole nodes (:mod:`orchestrator.sim.pool`). How a job that does not fit on-prem affects
+nodes (a draining node takes no new work). Multi-GPU jobs need GPUs of one node; on-prem, jobs
+wider than a node need whole nodes (:mod:`orchestrator.sim.pool`). In a policy run a burst node
+takes only a job that fits on it alone, as the built-in queue's dispatcher (no multi-node
+placement there yet); the baselines' burst nodes give a wide job whole nodes. How a job that does not fit on-prem affects
 the jobs behind it is the on-prem pool's :class:`Backfill` rule:
 
 * ``easy`` (the default; what Slurm's backfill scheduler does for its top job): the first job in
@@ -32,11 +34,13 @@ import heapq
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
+from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue
+from orchestrator.planner.admission import Admission
 from orchestrator.policy.models import Policy
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import Allocation, GpuPool
@@ -151,6 +155,16 @@ class World:
         self.onprem_gpu_s = 0.0
         self.burst_gpu_s = 0.0
         self.requeued = 0  # jobs handed back to the queue by a node that went away
+        # Set by a controller whose policy has budgets: the admission of starts on burst nodes at
+        # an instant (orchestrator.planner.admission), as the built-in queue's dispatcher checks.
+        self.admission: Callable[[float], Admission | None] | None = None
+        # A burst node takes only a job that fits on it alone, as the built-in queue dispatches
+        # (set for policy runs; the baselines model autoscalers that give a wide job whole nodes).
+        self.burst_one_node = False
+        # Runs on burst nodes, for spend by work (whose job, on whose node, when):
+        # [project, node id, GPUs, start s, end s or None]; open ones by job index.
+        self.burst_runs: list[list] = []
+        self._open_runs: dict[int, list] = {}
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -184,14 +198,21 @@ class World:
                 else:
                     self._fill(self.onprem, self._all, "onprem", now, started)
             if self.burst.free_total and self._burst_q:
-                self._fill(self.burst, self._burst_q, "burst", now, started)
+                admission = self.admission(now) if self.admission is not None else None
+                if admission is None:
+                    self._fill(self.burst, self._burst_q, "burst", now, started,
+                               one_node=self.burst_one_node)
+                else:
+                    self._fill_admitted(admission, now, started)
         return started
 
     def _fill(self, pool: GpuPool, queues: dict[int, list], where: str, now: float,
-              started: list[SimJob]) -> None:
+              started: list[SimJob], one_node: bool = False) -> None:
         while pool.free_total:
             best = None
             for width, heap in queues.items():
+                if one_node and width > pool.max_size:
+                    continue  # burst nodes: one node per job, as the built-in queue dispatches
                 head = _head(heap)
                 if head is not None and (best is None or head[0] < best[0]) and pool.fits(width):
                     best = head
@@ -200,6 +221,40 @@ class World:
             job = best[2]
             heapq.heappop(queues[job.gpus])
             self._start(job, pool.place(job.gpus), where, now)
+            started.append(job)
+
+    def _fill_admitted(self, admission: Admission, now: float, started: list[SimJob]) -> None:
+        """Fill burst nodes job by job in scheduling order, each on the best-fit node that admits
+        it under the budgets (a job no node admits waits; the ones behind it may still start)."""
+        pool = self.burst
+        waiting = sorted((entry for heap in self._burst_q.values() for entry in heap
+                          if entry[2].state == PENDING and entry[1] == entry[2].attempt),
+                         key=lambda entry: entry[0])
+        store = self.store
+        for _, _, job in waiting:
+            if not pool.free_total:
+                return
+            if job.gpus > pool.max_size or job.gpus > pool.free_total:
+                continue
+            verdicts: dict[int, object] = {}
+
+            def ok(index: int, job: SimJob = job, verdicts: dict = verdicts) -> bool:
+                node = store.get_node(self._burst_ids[index])
+                verdict = admission.check(job.domain, node)
+                verdicts[index] = (node, verdict)
+                return verdict.admitted
+
+            alloc = pool.find(job.gpus, ok=ok)
+            if alloc is None:
+                continue
+            [(index, _)] = alloc
+            node, verdict = verdicts[index]
+            admission.take(job.domain, node, verdict)
+            if verdict.extension_usd:
+                store.set_usage(node.id, budget_commit_usd=float(
+                    Decimal(repr(node.budget_commit_usd)) + verdict.extension_usd))
+            pool.take(alloc)
+            self._start(job, alloc, "burst", now)
             started.append(job)
 
     def _fill_reserving(self, now: float, started: list[SimJob]) -> None:
@@ -291,6 +346,9 @@ class World:
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
         job.burst_nodes = ids
         for (index, used), node_id in zip(alloc, ids):
+            run = [job.domain.project, node_id, used, now, None]
+            self.burst_runs.append(run)
+            self._open_runs[job.index] = run
             jobs = self.node_jobs.setdefault(node_id, set())
             jobs.add(job)
             node = self.store.get_node(node_id)
@@ -321,6 +379,9 @@ class World:
 
     def _leave_burst_nodes(self, job: SimJob, now: float) -> None:
         runtime = now - job.start_s
+        run = self._open_runs.pop(job.index, None)
+        if run is not None:
+            run[4] = now
         self.burst.release(job.alloc)
         for (_, used), node_id in zip(job.alloc, job.burst_nodes):
             self.node_busy_gpu_s[node_id] = self.node_busy_gpu_s.get(node_id, 0.0) + used * runtime
@@ -408,6 +469,15 @@ class World:
                          running_onprem_jobs=self.running_onprem,
                          running_burst_jobs=self.running_burst,
                          onprem_releases=releases)
+
+    def running_on_burst(self) -> tuple[BurstRun, ...]:
+        """The jobs running on burst nodes now, as the planner's snapshot carries them."""
+        out = []
+        for index, run in self._open_runs.items():
+            job = self.jobs[index]
+            out.append(BurstRun(job.trace.job_id, run[0], run[1], job.gpus, at(run[3]),
+                                job.trace.duration_s))
+        return tuple(out)
 
     def quiescent(self) -> bool:
         """Nothing pending and no burst node alive: a planner can have nothing to do."""

@@ -8,7 +8,8 @@ real cluster). Jobs placed on burst nodes are pulled and really run by each node
 Scheduling is priority-then-FIFO with backfill: jobs are taken in the same order the planner uses
 (:func:`orchestrator.planner.demand.scheduling_order`), a job that does not fit is skipped, not
 blocking smaller ones. On-prem is always offered work first; a burst node asking for work gets the
-first pending job that fits it and that on-prem cannot start now.
+first pending job that fits it, that on-prem cannot start now, and that the budgets admit
+(:mod:`orchestrator.planner.admission`, the rule the planner counts burst capacity with).
 
 Every write is compare-and-set on the job's version, so the loop and the API thread (or several
 processes) can dispatch at once without running a job twice. Each start on a burst node, and each
@@ -22,10 +23,14 @@ import copy
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
+from orchestrator.costs.spend import budget_spend
+from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
+from orchestrator.planner.admission import Admission, held_gpus
+from orchestrator.planner.budgets import BudgetBook, usd
 from orchestrator.planner.demand import Bins, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
@@ -139,7 +144,11 @@ class BuiltinQueue:
             return started
 
     def claim_for_node(self, node: Node, free_gpus: int, now: datetime) -> JobRecord | None:
-        """Give a ready burst node the first pending job of its pool that fits and on-prem can't take."""
+        """Give a ready burst node the first pending job of its pool that fits, that on-prem
+        can't take, and that every budget covering the job or the node admits
+        (:mod:`orchestrator.planner.admission`: whoever's node it is, the job's run is its
+        project's spend). An admitted start's extension of the node's life is added to the node's
+        commitment before the job starts."""
         if node.state is not NodeState.READY or free_gpus <= 0:
             return None
         self.dispatch_onprem(now)
@@ -149,14 +158,61 @@ class BuiltinQueue:
         with self._lock:
             pending = self.store.jobs(states=[JobState.PENDING], pool=node.pool)
             by_id = {j.id: j for j in pending}
+            admission = self._admission(policy, now) if pending else None
             for job in scheduling_order([j.to_domain() for j in pending], policy):
                 if job.gpus > free_gpus:
                     continue
+                if admission is not None:
+                    current = self.store.get_node(node.id) or node
+                    verdict = admission.check(job, current)
+                    if not verdict.admitted:
+                        continue  # its budgets cannot pay for it here: the next job's turn
+                    if verdict.extension_usd and not self._extend(current, verdict.extension_usd):
+                        continue
+                    admission.take(job, current, verdict)
                 record = self.store.start_job(by_id[job.id], placement=Placement.BURST,
                                               node_id=node.id, at=now)
                 if record is not None:
                     return record
         return None
+
+    def _admission(self, policy: Policy, now: datetime) -> Admission | None:
+        """The policy's budgets now, as the planner sees them: spend from the cost ledger, the
+        live nodes' commitments and what running jobs on others' nodes still owe; and the burst
+        GPUs each project's work holds, for the quotas."""
+        quotas = any(p.max_burst_gpus is not None for p in policy.projects)
+        if not policy.budgets and not quotas:
+            return None
+        nodes = tuple(self.store.nodes())
+        runs = self.burst_runs()
+        book = None
+        if policy.budgets:
+            snapshot = Snapshot(taken_at=now, nodes=nodes,
+                                budget_spend=budget_spend(self.store, [policy], now),
+                                burst_runs=runs)
+            book = BudgetBook.build(policy, snapshot, now)
+        return Admission(policy, book, now, held_gpus(nodes, runs))
+
+    def _extend(self, node: Node, extra: Decimal) -> bool:
+        """Add ``extra`` to the node's budget commitment (compare-and-set, re-read on a race)."""
+        for _ in range(8):
+            new = self.store.update_node(
+                node, budget_commit_usd=float(usd(node.budget_commit_usd) + extra))
+            if new is not None:
+                return True
+            fresh = self.store.get_node(node.id)
+            if fresh is None:
+                return False
+            node = fresh
+        return False
+
+    def burst_runs(self) -> tuple[BurstRun, ...]:
+        """Jobs running on burst nodes now: whose, where, since when, declared for how long."""
+        return tuple(
+            BurstRun(j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)
+            for j in self.store.jobs(states=[JobState.RUNNING])
+            if j.placement is Placement.BURST and j.node_id is not None and j.started_at is not None
+        )
 
     def finish(self, job_id: str, node_id: str, outcome: str, exit_code: int | None,
                now: datetime, attempt: int | None = None,

@@ -221,12 +221,14 @@ def _log(world: World) -> str:
 def packed_nodes(jobs, policy: Policy, size: int) -> int:
     """Nodes needed to hold ``jobs`` when packed in scheduling order with the planner's own
     primitive (``Bins``, as ``absorb`` fits pending work on booting nodes): open a node when a job
-    fits on none, all the nodes of a multi-node job at once."""
+    fits on none. A job wider than one node is not launched for (one node per job, as the
+    dispatcher places work): it needs none."""
     bins = Bins([], node_size=size)
     for job in scheduling_order(list(jobs), policy):
+        if job.gpus > size:
+            continue
         if bins.place(job.gpus) is None:
-            for _ in range(-(-job.gpus // size) if job.gpus > size else 1):
-                bins.add(size)
+            bins.add(size)
             assert bins.place(job.gpus) is not None
     return len(bins.free)
 
@@ -246,10 +248,9 @@ def test_a_spike_is_launched_for_once(world: World) -> None:
     size = world.policy.offerings[0].gpus
     needed = packed_nodes(world.jobs, world.policy, size)
     mcl = world.policy.limits.max_concurrent_launches
-    # A multi-node job gets all its nodes at once or none: one needing more nodes than
-    # max_concurrent_launches is never launched for (it may still run on nodes launched for
-    # others), so the spike is only fully answered when every job is launchable.
-    all_launchable = all(-(-j.gpus // size) <= mcl for j in world.jobs)
+    # A job wider than one node is never launched for (the dispatcher has no multi-node
+    # placement): the spike is only fully answered when every job fits on one node.
+    all_launchable = all(j.gpus <= size for j in world.jobs)
     launched = 0
     for _ in range(80):
         in_flight = any(n.state.in_flight for n in world.nodes)  # as the plan saw them
@@ -267,7 +268,7 @@ def test_a_spike_is_launched_for_once(world: World) -> None:
         assert final.inputs["unmet_gpus"] == 0, _log(world)
         assert final.rule in (Rule.COVERED, Rule.NO_DEMAND), _log(world)
         assert launched * size >= sum(j.gpus for j in world.jobs)
-    assert launched <= sum(-(-j.gpus // size) for j in world.jobs)  # at worst a node per job
+    assert launched <= sum(1 for j in world.jobs if j.gpus <= size)  # at worst a node per job
 
 
 @SETTINGS

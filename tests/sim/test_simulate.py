@@ -58,7 +58,9 @@ def test_every_job_finishes_exactly_once_and_gpu_hours_add_up_despite_interrupti
         return finished
 
     monkeypatch.setattr(World, "finish", counting)
-    engine = run_with(lambda p: PolicyController(p, "spot"), spot_policy(), SAMPLE, nodes=1,
+    # 4 on-prem nodes of 4 GPUs: the sample's two 16-GPU jobs run on-prem (a burst node takes
+    # only a job that fits on it alone, and the largest offering has 8 GPUs).
+    engine = run_with(lambda p: PolicyController(p, "spot"), spot_policy(), SAMPLE, nodes=4,
                       gpus_per_node=4, rates=ROUGH, seed=11)
     world = engine.world
     assert engine.counters.interruptions > 0 and engine.provider.capacity_errors > 0

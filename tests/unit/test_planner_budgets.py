@@ -18,6 +18,7 @@ from orchestrator.domain.plan import ActionReason
 from orchestrator.domain.snapshot_json import SnapshotError, load_snapshot_text, snapshot_to_json
 from orchestrator.planner import plan
 from orchestrator.planner.budgets import window_bounds
+from orchestrator.planner.scaleup import MULTI_NODE
 from orchestrator.policy import Market
 from tests.builders import (
     POLICY,
@@ -84,10 +85,9 @@ def test_default_runtime_comes_from_the_policy() -> None:
     assert result.launches[0].budget_commit_usd == 33.333334
 
 
-def test_multi_node_job_commits_on_every_node() -> None:
-    result, _ = run([job(0, 16, hours=1)])
-    assert [lc.budget_commit_usd for lc in result.launches] == [13.333334] * 2
-    assert all(lc.jobs == ("j0",) for lc in result.launches)
+def test_a_job_wider_than_one_node_commits_nothing() -> None:
+    result, decision = run([job(0, 16, hours=1)])
+    assert result.launches == [] and decision.held_back_by == (MULTI_NODE,)
 
 
 def test_min_nodes_commit_the_default_runtime() -> None:
