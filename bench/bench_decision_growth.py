@@ -9,6 +9,9 @@ exactly as the loop records them. Two queues:
 
 * steady: six 8-GPU jobs pending while the policy sits at ``max_nodes`` (the "held back, nothing
   changes" case of a long day): after the sustain period every tick decides the same;
+* waiting: the same six jobs under a trigger that never fires (``pending_gpus_above: 1000``,
+  ``combine: all``), no burst nodes: the decision says "trigger not met" with the oldest wait,
+  which grows every tick (elapsed times do not make a tick a new decision);
 * changing: a job arrives or starts every tick, so each tick's summary differs from the last
   (the worst case: one row per tick, as before repeats were counted).
 
@@ -49,6 +52,10 @@ def _fleet(now: datetime) -> tuple[Node, ...]:
                       last_heartbeat=now) for i in range(2))
 
 
+WAITING = {**POLICY, "trigger": {"pending_gpus_above": 1000, "oldest_wait_above": "30d",
+                                 "combine": "all"}}
+
+
 def _pending(tick: int, changing: bool) -> tuple[Job, ...]:
     # changing: between 3 and 9 jobs, a different count every tick.
     count = 3 + tick % 7 if changing else 6
@@ -67,8 +74,10 @@ def _size(store: Store) -> int:
         return int(conn.execute(sa.text("select pg_total_relation_size('decisions')")).scalar_one())
 
 
-def run(url: str, ticks: int, tick_s: float, changing: bool) -> dict:
-    policy = load_policy_text(yaml.safe_dump(POLICY), "growth")
+def run(url: str, ticks: int, tick_s: float, queue_kind: str) -> dict:
+    changing = queue_kind == "changing"
+    waiting = queue_kind == "waiting"
+    policy = load_policy_text(yaml.safe_dump(WAITING if waiting else POLICY), "growth")
     store = Store(url)
     store.upgrade()
     before = _size(store)
@@ -77,7 +86,8 @@ def run(url: str, ticks: int, tick_s: float, changing: bool) -> dict:
     for tick in range(ticks):
         now = START + timedelta(seconds=tick * tick_s)
         queue = PoolQueue("gpu", OnPremState(16, 0, (0, 0)), _pending(tick, changing))
-        result = plan(Snapshot(now, {"gpu": queue}, _fleet(now), (), memory=memory), [policy], now)
+        fleet = () if waiting else _fleet(now)
+        result = plan(Snapshot(now, {"gpu": queue}, fleet, (), memory=memory), [policy], now)
         memory = result.memory
         for decision in result.decisions:
             store.add_decision(decision)
@@ -87,7 +97,7 @@ def run(url: str, ticks: int, tick_s: float, changing: bool) -> dict:
         rows = conn.execute(sa.text("select count(*), coalesce(sum(repeats), 0) from decisions")).one()
     store.close()
     scale = 86_400 / (ticks * tick_s)
-    return {"queue": "changing" if changing else "steady", "ticks": ticks, "rows": rows[0],
+    return {"queue": queue_kind, "ticks": ticks, "rows": rows[0],
             "ticks_counted": rows[1], "grown_bytes": grown, "mb_per_policy_day": grown * scale / 1e6,
             "seconds": elapsed}
 
@@ -101,12 +111,12 @@ def main() -> None:
     if args.ticks < 1 or args.tick_s <= 0:
         ap.error("--ticks must be at least 1 and --tick-s positive")
     print(f"{'queue':9} {'ticks':>6} {'rows':>6} {'counted':>8} {'grown KB':>9} {'MB/policy-day':>14} {'s':>6}")
-    for changing in (False, True):
+    for kind in ("steady", "waiting", "changing"):
         with tempfile.TemporaryDirectory() as tmp:
             url = args.database_url or default_sqlite_url(Path(tmp))
             if args.database_url:
                 Store(url).downgrade("base")
-            r = run(url, args.ticks, args.tick_s, changing)
+            r = run(url, args.ticks, args.tick_s, kind)
         print(f"{r['queue']:9} {r['ticks']:6d} {r['rows']:6d} {r['ticks_counted']:8d} "
               f"{r['grown_bytes'] / 1e3:9.1f} {r['mb_per_policy_day']:14.3f} {r['seconds']:6.1f}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -48,6 +50,10 @@ class ActionReason(StrEnum):
     OPERATOR = "operator"  # an operator asked for it (e.g. draining a whole pool)
     SPOT_NOTICE = "spot-notice"  # the provider announced the instance's reclaim (spot/preemption)
     BUDGET = "budget"  # the node's budget is past its drain grade (spend over the limit)
+
+
+# Elapsed seconds in a summary ("42s", "3.5s"): blanked when telling a repeat from a new decision.
+_ELAPSED = re.compile(r"\b\d+(?:\.\d+)?s\b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +143,17 @@ class Decision:
         """When this decision was last made (its own time if it was made once)."""
         return self.last_seen_at or self.at
 
+    def repeat_key(self) -> tuple:
+        """What a repeat of this decision shares with it: policy, rule, actions, what held it
+        back, the chosen offering, and the summary with its elapsed times (``oldest wait 42s``,
+        ``for 12s of the 300s required``) blanked — a steady queue's waits grow every tick, and
+        counting that as a new decision would store one row per tick for nothing."""
+        return (self.policy, str(self.rule), _ELAPSED.sub("#s", self.summary), tuple(self.actions),
+                tuple(self.held_back_by), self.chosen)
+
     def same_as(self, other: Decision) -> bool:
         """Whether ``other`` decided what this did (what makes a tick a repeat of the last)."""
-        return (self.policy, self.rule, self.summary, self.actions, self.held_back_by,
-                self.chosen) == (other.policy, other.rule, other.summary, other.actions,
-                                 other.held_back_by, other.chosen)
+        return self.repeat_key() == other.repeat_key()
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,8 +113,7 @@ def decision_to_json(decision: Decision) -> dict[str, Any]:
 def decision_fingerprint(decision: Decision) -> str:
     """What two decisions share when one repeats the other (see ``Decision.same_as``): a hash
     the store compares in SQL instead of decoding the last record."""
-    key = [decision.policy, decision.rule.value, decision.summary, list(decision.actions),
-           list(decision.held_back_by), decision.chosen]
+    key = list(decision.repeat_key())
     return hashlib.sha256(json.dumps(key, separators=(",", ":")).encode()).hexdigest()
 
 
