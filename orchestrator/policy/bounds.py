@@ -20,6 +20,9 @@ MAX_WEIGHT = 1_000_000  # fair-share weights
 MAX_PERCENT = 10_000  # budget grades (a grade past 100 % acts after the limit is exceeded)
 MAX_COUNT = 10_000_000  # counters: running jobs, launch attempts
 MAX_NAME_CHARS = 255
+# A trace's submit times and run times: the real traces span at most 150 days; a year bounds the
+# simulated time (the simulator ticks every minute while work is in flight).
+MAX_TRACE_S = 366 * 86_400
 
 # Names a cloud gives (instance types, regions, zones, GPU accelerator types): letters, digits,
 # '.', '_' and '-', starting with a letter or digit. No '$', braces, slashes, blanks or control

@@ -36,7 +36,6 @@ from orchestrator.policy.reading import (
     check_text,
     read_input,
 )
-from orchestrator.policy.units import MAX_DURATION_S
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "project", "priority")
 TRACE_DIR_ENV = "BURST_TRACE_DIR"
@@ -150,9 +149,9 @@ def _number(text: str, where: str, line: int, column: str) -> float:
         value = float(text)
     except ValueError:
         raise TraceError(f"{where}:{line}: {column}: not a number: {text!r}") from None
-    if not 0 <= value <= MAX_DURATION_S:
+    if not 0 <= value <= bounds.MAX_TRACE_S:
         raise TraceError(f"{where}:{line}: {column}: must be a number of seconds from 0 to "
-                         f"{MAX_DURATION_S}, got {text[:40]!r}")
+                         f"{bounds.MAX_TRACE_S} (a year), got {text[:40]!r}")
     return value
 
 

@@ -244,6 +244,8 @@ def test_slurm_slot_ranges_are_bounded() -> None:
     ((HEADER + "a,1,2," + "9" * 5000 + ",,\n").encode(), "t.csv:2: gpus: number longer than 40"),
     ((HEADER + "a,1,2,4000000000000,,\n").encode(), "t.csv:2: gpus: must be at most 4096"),
     ((HEADER + "a,1e400,2,1,,\n").encode(), "t.csv:2: submit_s: must be a number of seconds"),
+    ((HEADER + "a,1,3122064000,1,,\n").encode(), "t.csv:2: duration_s: must be a number of "
+     "seconds from 0 to 31622400 (a year)"),
     ((HEADER + "${HOME},1,2,1,,\n").encode(), "t.csv:2: job_id: '${HOME}' is not a valid"),
     ((HEADER + 'a,1,2,1,"' + "x" * 200_000 + '",\n').encode(), "t.csv:2: not CSV: field larger"),
 ])
