@@ -1,8 +1,9 @@
 """JSON forms of stored values: decisions, and the fallback encoder for free-form details.
 
-The store keeps a Decision as one JSON document; the CLI's ``--json`` output and the API serve the
-same document, so these helpers are the one definition of that shape. Times are ISO 8601 strings
-with an offset, always UTC.
+The store keeps a Decision as one JSON document: the domain's ``decision_to_jsonable`` (what the
+CLI's ``--json`` output and the API serve) plus a ``format`` number, so there is one definition of
+that shape; ``decision_from_json`` reads it back. Times are ISO 8601 strings with an offset,
+always UTC.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.domain.plan import Decision, OfferingOption, Rule
+from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy.timefmt import parse_aware
 
 DECISION_FORMAT = 1  # bumped when the document shape changes incompatibly
@@ -69,17 +71,6 @@ def parse_time(text: str) -> datetime:
     return parse_aware(text, "stored time", assume_utc=True).astimezone(UTC)
 
 
-def option_to_json(option: OfferingOption) -> dict[str, Any]:
-    return {
-        "offering_key": option.offering_key,
-        "gpus": option.gpus,
-        "price_usd_hour": option.price_usd_hour,
-        "nodes": option.nodes,
-        "expected_cost_usd": option.expected_cost_usd,
-        "rejected": option.rejected,
-    }
-
-
 def option_from_json(obj: Mapping[str, Any]) -> OfferingOption:
     return OfferingOption(
         offering_key=str(obj["offering_key"]),
@@ -92,22 +83,9 @@ def option_from_json(obj: Mapping[str, Any]) -> OfferingOption:
 
 
 def decision_to_json(decision: Decision) -> dict[str, Any]:
-    """The whole Decision as a JSON-compatible dict."""
-    return {
-        "format": DECISION_FORMAT,
-        "id": decision.id,
-        "policy": decision.policy,
-        "at": _iso(decision.at),
-        "rule": decision.rule.value,
-        "summary": decision.summary,
-        "inputs": to_jsonable(decision.inputs),
-        "options": [option_to_json(o) for o in decision.options],
-        "chosen": decision.chosen,
-        "held_back_by": list(decision.held_back_by),
-        "actions": list(decision.actions),
-        "repeats": decision.repeats,
-        "last_seen_at": _iso(decision.last_seen),
-    }
+    """The whole Decision as the stored JSON document: the domain's encoding (the one the CLI's
+    ``--json`` and the API serve, ``decision_to_jsonable``) with the document ``format``."""
+    return {"format": DECISION_FORMAT, **decision_to_jsonable(decision)}
 
 
 def decision_fingerprint(decision: Decision) -> str:
