@@ -3,6 +3,11 @@
 The reconciler judges a node dead from its heartbeats; the agent decides how it retries when the
 controller does not answer. Both read these figures from here, so the liveness rule cannot assume a
 retry behaviour the agent does not have.
+
+A promise without a figure: an agent asks for work (``jobs/next``) only when it runs no job and
+has no run result left to report. So the dispatcher may treat a job still recorded running on an
+asking node as a hand-out that never arrived (the controller died before answering) and offer that
+same run again (``BuiltinQueue.claim_for_node``).
 """
 
 from __future__ import annotations

@@ -156,6 +156,14 @@ class BuiltinQueue:
         if policy is None:
             return None
         with self._lock:
+            if free_gpus >= node.gpus:
+                # An agent asks for work only when it runs nothing and owes no report
+                # (agent_contract), so a job still recorded running on its node is one whose
+                # hand-out never reached it: the controller died between recording the claim and
+                # answering. Offer that same run again, rather than leave it running nowhere.
+                lost = self.store.jobs(states=[JobState.RUNNING], node_id=node.id)
+                if lost:
+                    return lost[0]
             pending = self.store.jobs(states=[JobState.PENDING], pool=node.pool)
             by_id = {j.id: j for j in pending}
             admission = self._admission(policy, now) if pending else None

@@ -104,3 +104,19 @@ def test_reports_without_an_attempt_keep_the_old_rule(store: Store) -> None:
     assert queue.claim_for_node(store.get_node("a"), 8, T0 + 12 * M) is not None
     assert queue.finish(job_id, "a", "done", 0, T0 + 13 * M)
     assert store.job_run(builtin_run_key(job_id, 2)).outcome == "done"
+
+
+def test_a_hand_out_the_node_never_received_is_offered_again(store: Store) -> None:
+    """Chaos finding: the controller recorded a claim (job running on node a) and was killed
+    before answering ``jobs/next``. The agent asks again when idle with nothing to report: it gets
+    the same run (same attempt) instead of a new job, and the run is not lost."""
+    queue, job_id = setup(store)
+    other = store.submit_job("nlp", POOL, 8, 0, None, "other.sh", T0)
+    again = queue.claim_for_node(store.get_node("a"), 8, T0 + 2 * M)
+    assert again is not None and (again.id, again.attempts) == (job_id, 1)
+    assert store.get_job(other.id).state is JobState.PENDING
+    # A node with GPUs still busy is not idle: it gets other work, never its running job again.
+    assert queue.claim_for_node(store.get_node("a"), 4, T0 + 2 * M) is None
+    assert queue.finish(job_id, "a", "done", 0, T0 + 3 * M, attempt=1)
+    assert runs(store, job_id) == [("a", "done")]
+    assert queue.claim_for_node(store.get_node("a"), 8, T0 + 4 * M).id == other.id
