@@ -67,7 +67,12 @@ def test_a_tiny_project_budget_stops_its_work_on_another_projects_node(
     assert answer.status_code == 200, answer.text
     assert answer.json()["job"]["id"] == research  # vision's job is passed over, research's runs
     assert rig.store.get_job(vision).state is JobState.PENDING
+    finished = client.post(f"/v1/agent/jobs/{research}/finish",
+                           json={"node_id": node_id, "outcome": "done", "exit_code": 0},
+                           headers={"Authorization": f"Bearer {credential}"})
+    assert finished.status_code == 200, finished.text
     assert pull(client, node_id, credential).status_code == 204  # nothing vision may start
+    assert rig.store.get_job(vision).state is JobState.PENDING
 
 
 def test_work_the_budget_covers_still_starts_and_commits_the_node(
