@@ -40,7 +40,8 @@ from orchestrator.domain.ports import (
 from orchestrator.policy.models import Market
 from providers import load_provider_class
 from providers.aws import ERROR_CODES, IAM_ACTIONS, AwsProvider, classify_error, client_token
-from tests.contract.adapters.aws import aws_config, linux_ami, read_user_data, shared_server
+from tests.contract.adapters.aws import aws_config, linux_ami, read_user_data
+from tests.providers_support import point_boto3_at, shared_moto
 from tests.servers.moto_ec2 import TEST_REGION, TEST_SECRET_KEY, MotoEC2Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +75,7 @@ def server() -> MotoEC2Server:
     Not per test: after a reset moto rebuilds a region's backend (≈1200 default AMIs) on first
     use, about half a second each time. Tests are kept apart by their own cluster name instead.
     """
-    server = shared_server()
+    server = shared_moto()
     server.reset()
     return server
 
@@ -90,12 +91,7 @@ def peer(server: MotoEC2Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mot
     """moto without pending faults or counts, and boto3's standard chain pointed at it (this test only)."""
     server.clear()
     server.faults.reset_counts()
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    # No stray profile or credentials file of this machine may leak into the tests.
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    point_boto3_at(server, monkeypatch)
     yield server
     server.clear()
 

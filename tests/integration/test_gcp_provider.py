@@ -48,7 +48,10 @@ from providers.gcp import (
     label_value,
     tags_from_labels,
 )
+from tests.providers_support import GCE_ZONES, shared_fake_gce
 from tests.servers.fake_gce import (
+    DEFAULT_ACCELERATOR_TYPES,
+    DEFAULT_MACHINE_TYPES,
     FakeGce,
     private_key_marker,
     write_external_account_file,
@@ -57,7 +60,7 @@ from tests.servers.fake_gce import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "burst-it"
-ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
+ZONE_A, ZONE_B = GCE_ZONES
 IMAGE = f"projects/{PROJECT}/global/images/family/burst-node"
 
 
@@ -113,9 +116,9 @@ def request(
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeGce]:
-    with FakeGce(op_polls=2, zones=(ZONE_A, ZONE_B)) as fake:
-        yield fake
+def server() -> FakeGce:
+    """The session's Compute REST server (shared with the contract suite; reset per test)."""
+    return shared_fake_gce()
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +145,10 @@ def gce(server: FakeGce) -> Iterator[FakeGce]:
     server.add_image(PROJECT, "burst-node-v1", family="burst-node")
     yield server
     server.reset()
+    # The server is the session's (tests/providers_support.py): leave its settings as found.
+    server.op_polls, server.wait_delay_s = 2, 0.0
+    server.machine_types = {z: dict(DEFAULT_MACHINE_TYPES) for z in server.zones}
+    server.accelerator_types = {z: set(DEFAULT_ACCELERATOR_TYPES) for z in server.zones}
 
 
 @pytest.fixture

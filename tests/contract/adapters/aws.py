@@ -13,10 +13,8 @@ RequestLimitExceeded (503) and invalid InvalidParameterValue (400).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +25,7 @@ from orchestrator.domain.offerings import Offering
 from orchestrator.policy.models import Market
 from providers.aws import AwsProvider
 from tests.contract.env import ContractEnv
+from tests.providers_support import point_boto3_at, shared_moto
 from tests.servers.moto_ec2 import TEST_REGION, MotoEC2Server
 
 CLUSTER = "contract"
@@ -46,20 +45,6 @@ FAULTS: dict[str, tuple[int, str, str]] = {
 FALLBACK_OFFERING = Offering(provider="aws", region=TEST_REGION, zone=None, instance_type="p4d.24xlarge",
                     market=Market.SPOT, gpus=8, price_usd_hour=9.8, gpu_model="A100-40GB",
                     vcpus=96, memory_gib=1152.0)
-
-_server: MotoEC2Server | None = None
-_server_lock = threading.Lock()
-
-
-def shared_server() -> MotoEC2Server:
-    """The session's moto server, started on first use."""
-    global _server
-    with _server_lock:
-        if _server is None:
-            _server = MotoEC2Server().start()
-            atexit.register(_server.stop)
-        return _server
-
 
 def linux_ami(server: MotoEC2Server, region: str = TEST_REGION) -> str:
     """An Amazon Linux 2 AMI of the ones moto ships in every region.
@@ -106,11 +91,10 @@ def read_user_data(server: MotoEC2Server, instance_id: str) -> str:
 
 @contextlib.contextmanager
 def make_env(tmp_path: Path) -> Iterator[ContractEnv]:
-    server = shared_server()
+    server = shared_moto()
     server.reset()
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in server.env().items():
-            mp.setenv(name, value)
+        point_boto3_at(server, mp)
         offering, catalog = catalogue_offering()
         provider = AwsProvider(aws_config(server), regions={TEST_REGION}, catalog=catalog)
 

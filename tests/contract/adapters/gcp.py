@@ -4,9 +4,7 @@ account key whose self-signed JWTs the server verifies."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +15,11 @@ from orchestrator.policy.models import Market
 from orchestrator.policy.providers import GcpAccelerator, GcpConfig
 from providers.gcp import SCOPES, GcpProvider, parse_instance_id
 from tests.contract.env import ContractEnv
-from tests.servers.fake_gce import FakeGce, write_service_account_key
+from tests.providers_support import GCE_ZONES, shared_fake_gce
+from tests.servers.fake_gce import write_service_account_key
 
 PROJECT = "burst-contract"
-ZONES = ("us-central1-a", "us-central1-b")
+ZONES = GCE_ZONES
 CATALOG = [
     Offering("gcp", "us-central1", zone, itype, market, gpus, price, model, vcpus, mem)
     for zone in ZONES
@@ -32,23 +31,9 @@ CATALOG = [
     for market, price in [(Market.ON_DEMAND, od), (Market.SPOT, round(od * 0.3, 4))]
 ]
 
-_server: dict[str, FakeGce] = {}
-_server_lock = threading.Lock()
-
-
-def _fake() -> FakeGce:
-    """One server for the whole test session (started on first use), reset per environment."""
-    with _server_lock:
-        if "fake" not in _server:
-            fake = FakeGce(op_polls=2, zones=ZONES).start()
-            atexit.register(fake.stop)
-            _server["fake"] = fake
-        return _server["fake"]
-
-
 @contextlib.contextmanager
 def make_env(tmp_path: Path) -> Iterator[ContractEnv]:
-    fake = _fake()
+    fake = shared_fake_gce()
     fake.reset()
     fake.add_image(PROJECT, "burst-node-v1", family="burst-node")
     key_file = write_service_account_key(fake, tmp_path / "gcp-key.json", project=PROJECT)

@@ -13,9 +13,7 @@ with "No valid host was found" after scheduling, quota 403 "Quota exceeded", aut
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +23,7 @@ import pytest
 from orchestrator.domain.offerings import Offering
 from providers.libcloud_driver import LibcloudProvider
 from tests.contract.env import ContractEnv
+from tests.providers_support import shared_nova
 from tests.servers.fake_nova import NODE_IMAGE_ID, FakeNova
 
 CLUSTER = "contract"
@@ -34,20 +33,6 @@ SIZES = {
     "g1.a100.1": SimpleNamespace(gpus=1, gpu_model="A100-80GB", price_usd_hour=3.2),
     "gpu.a100.4x": SimpleNamespace(gpus=4, gpu_model="A100-80GB", price_usd_hour=12.8),
 }
-
-_server: FakeNova | None = None
-_server_lock = threading.Lock()
-
-
-def shared_nova() -> FakeNova:
-    """The session's fake Nova, started on first use."""
-    global _server
-    with _server_lock:
-        if _server is None:
-            _server = FakeNova().start()
-            atexit.register(_server.stop)
-        return _server
-
 
 def libcloud_config(nova: FakeNova, **overrides: object) -> SimpleNamespace:
     """A LibcloudConfig-shaped object pointing libcloud's OpenStack driver at ``nova``."""
