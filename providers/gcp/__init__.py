@@ -1,8 +1,9 @@
 """GCP provider: burst nodes as Compute Engine VMs, through google-cloud-compute over REST.
 
 The package holds the adapter (``adapter.GcpProvider``) and, by concern, the instance resource
-and naming (``labels``), the error table (``errors``), operation waits (``operations``), the
-provider check (``checks``) and log redaction (``redaction``); the names below are re-exported.
+and naming (``labels``), zone choice and launchability (``placement``), the error table
+(``errors``), operation waits (``operations``), the provider check (``checks``) and log redaction
+(``redaction``); the names below are re-exported.
 
 ``GcpProvider`` implements the ``Provider`` Protocol of ``orchestrator.domain.ports`` with the
 official client (``InstancesClient`` and ``ZoneOperationsClient``, REST transport). Its modules

@@ -2,8 +2,9 @@
 
 The rules it follows (identity and idempotency, labels, operations, states, errors, credentials,
 permissions) are in the package docstring, ``providers.gcp``. The instance resource lives in
-``labels``, the error table in ``errors``, operation waits in ``operations``, the provider check
-in ``checks``. Imports only ``orchestrator.domain``, ``google.*`` and the standard library.
+``labels``, placement in ``placement``, the error table in ``errors``, operation waits in
+``operations``, the provider check in ``checks``. Imports only ``orchestrator.domain``,
+``google.*`` and the standard library.
 """
 
 from __future__ import annotations
@@ -35,12 +36,10 @@ from providers.gcp.labels import (
     CLUSTER_LABEL,
     CLUSTER_TAG,
     GOING,
-    MAX_METADATA_VALUE_BYTES,
     PROVIDER_NAME,
     REQUEST_TAG,
     SCOPES,
     gce_request_id,
-    has_builtin_gpus,
     instance_body,
     instance_name,
     label_value,
@@ -49,6 +48,7 @@ from providers.gcp.labels import (
     to_instance,
 )
 from providers.gcp.operations import operation_exception, wait_for_operation
+from providers.gcp.placement import accelerator_problem, zone_for
 from providers.gcp.redaction import install_redaction
 
 log = logging.getLogger(__package__)
@@ -139,7 +139,7 @@ class GcpProvider:
                 continue
             if (o.zone not in self.zones) if o.zone else (o.region not in self.regions):
                 continue
-            problem = self._accelerator_problem(o)
+            problem = accelerator_problem(self.config, o)
             if problem is not None:
                 log.debug("offering %s skipped: %s", o.key, problem)
                 continue
@@ -148,7 +148,7 @@ class GcpProvider:
 
     def launch(self, req: LaunchRequest) -> list[Instance]:
         offering = req.offering
-        zone = self._zone_for(req)
+        zone = zone_for(self.config, self.zones, req)
         name = instance_name(req.tags.node_id)
         body = instance_body(self.config, req, zone, name)
         with self._lock:
@@ -301,52 +301,6 @@ class GcpProvider:
         return check_rows(self)
 
     # -- launching ----------------------------------------------------------------------------
-    def _zone_for(self, req: LaunchRequest) -> str:
-        offering = req.offering
-        problem = None
-        if offering.provider != PROVIDER_NAME:
-            problem = f"offering {offering.key} is not a GCP offering"
-        elif offering.zone:
-            if offering.zone not in self.zones:
-                problem = (
-                    f"zone {offering.zone} is not one of this provider's zones {sorted(self.zones)}"
-                )
-        elif not any(region_of(z) == offering.region for z in self.zones):
-            problem = f"no configured zone in region {offering.region}"
-        problem = problem or self._accelerator_problem(offering)
-        if problem is None and len(req.user_data.encode()) > MAX_METADATA_VALUE_BYTES:
-            problem = (
-                f"user data is larger than GCE's {MAX_METADATA_VALUE_BYTES} byte metadata limit"
-            )
-        if problem is not None:
-            raise InvalidRequest(
-                problem,
-                provider=self.name,
-                offering_key=offering.key,
-                request_id=req.request_id,
-                code="InvalidOffering",
-            )
-        if offering.zone:
-            return offering.zone
-        # A regional offering: the first configured zone of that region, so a retry picks the same.
-        return min(z for z in self.zones if region_of(z) == offering.region)
-
-    def _accelerator_problem(self, offering: Offering) -> str | None:
-        if offering.gpus < 1 or has_builtin_gpus(offering.instance_type):
-            return None
-        accelerator = (getattr(self.config, "accelerators", None) or {}).get(offering.instance_type)
-        if accelerator is None:
-            return (
-                f"machine type {offering.instance_type} has no built-in GPUs and the policy's "
-                f"gcp.accelerators does not name any for it"
-            )
-        if accelerator.count != offering.gpus:
-            return (
-                f"offering {offering.key} has {offering.gpus} GPUs but gcp.accelerators attaches "
-                f"{accelerator.count} to {offering.instance_type}"
-            )
-        return None
-
     def _wait(
         self, op: compute_v1.Operation, zone: str, req: LaunchRequest
     ) -> compute_v1.Operation:
