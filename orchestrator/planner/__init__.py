@@ -52,7 +52,7 @@ from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import Demand, absorb
-from orchestrator.planner.offerings import Candidate, Resolved, resolved
+from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import (
     MULTI_NODE,
@@ -60,7 +60,6 @@ from orchestrator.planner.scaleup import (
     Grant,
     grant_nodes,
     pool_budget,
-    price_options,
 )
 from orchestrator.planner.wait import WaitSplit, split_unmet
 from orchestrator.policy.models import Policy, TriggerCombine

@@ -22,8 +22,9 @@ import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import is_
+from operator import attrgetter, is_
 
+from orchestrator.domain.jobs import Job
 from orchestrator.domain.offerings import Offering, offering_key
 from orchestrator.domain.plan import OfferingOption
 from orchestrator.domain.snapshot import CapacityBlock
@@ -76,8 +77,6 @@ def resolved(policy: Policy, catalogue: tuple[Offering, ...], blocks: tuple[Capa
             _MEMO.move_to_end(key)
             return entry[3]
     usable, rejected = resolve_candidates(policy, catalogue, active, now)
-    from orchestrator.planner.scaleup import price_options  # scaleup imports this module
-
     result = Resolved(tuple(usable), tuple(rejected), tuple(price_options((), usable)),
                       tuple(sorted(usable, key=lambda c: (c.offering.price_usd_hour, c.key))))
     with _MEMO_LOCK:
@@ -201,3 +200,26 @@ def expected_cost(offering: Offering, nodes: int, hours: float) -> float:
     """Nodes x price x billed hours (the provider's minimum billing applies)."""
     billed_s = offering.billing.billed_seconds(hours * 3600.0)
     return nodes * offering.price_usd_hour * billed_s / 3600.0
+
+
+_GPUS = attrgetter("gpus")
+_DURATION = attrgetter("duration_s")
+
+
+def price_options(unmet: tuple[Job, ...], candidates: list[Candidate],
+                  widths: Counter[int] | None = None, hours: float | None = None
+                  ) -> list[OfferingOption]:
+    """Each candidate's node count and expected cost for all unmet demand, cheapest first.
+    ``widths`` and ``hours``: the unmet jobs' width histogram and expected hours, when the caller
+    tallied them already (:class:`~orchestrator.planner.demand.Demand`); else counted here."""
+    if widths is None:
+        widths = Counter(map(_GPUS, unmet))
+    if hours is None:
+        hours = expected_hours(list(map(_DURATION, unmet)))
+    options = []
+    for c in candidates:
+        n = nodes_needed(widths, c.offering.gpus)
+        options.append(OfferingOption(c.key, c.offering.gpus, c.offering.price_usd_hour,
+                                      n, round(expected_cost(c.offering, n, hours), 4)))
+    options.sort(key=lambda o: (o.expected_cost_usd, o.nodes, o.offering_key))
+    return options

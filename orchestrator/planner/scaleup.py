@@ -34,10 +34,11 @@ from operator import attrgetter
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.domain.plan import OfferingOption
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, job_runtime_s
 from orchestrator.planner.demand import Bins
-from orchestrator.planner.offerings import Candidate, expected_cost, expected_hours, nodes_needed
+from orchestrator.planner.offerings import (
+    Candidate,
+)
 from orchestrator.policy.models import Policy
 
 _IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
@@ -114,25 +115,6 @@ def pool_budget(policy: Policy, nodes: list[Node], candidates: list[Candidate]) 
         gpus=gpus,
         per_offering=per_offering,
     )
-
-
-def price_options(unmet: tuple[Job, ...], candidates: list[Candidate],
-                  widths: Counter[int] | None = None, hours: float | None = None
-                  ) -> list[OfferingOption]:
-    """Each candidate's node count and expected cost for all unmet demand, cheapest first.
-    ``widths`` and ``hours``: the unmet jobs' width histogram and expected hours, when the caller
-    tallied them already (:class:`~orchestrator.planner.demand.Demand`); else counted here."""
-    if widths is None:
-        widths = Counter(map(_GPUS, unmet))
-    if hours is None:
-        hours = expected_hours(list(map(_DURATION, unmet)))
-    options = []
-    for c in candidates:
-        n = nodes_needed(widths, c.offering.gpus)
-        options.append(OfferingOption(c.key, c.offering.gpus, c.offering.price_usd_hour,
-                                      n, round(expected_cost(c.offering, n, hours), 4)))
-    options.sort(key=lambda o: (o.expected_cost_usd, o.nodes, o.offering_key))
-    return options
 
 
 @dataclass(frozen=True, slots=True)

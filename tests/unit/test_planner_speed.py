@@ -23,7 +23,7 @@ from orchestrator.planner import plan
 from orchestrator.planner.census import take_census
 from orchestrator.planner.demand import scheduling_order
 from orchestrator.planner.offerings import resolve_candidates, resolved
-from orchestrator.planner.scaleup import price_options
+from orchestrator.planner.offerings import price_options
 from tests.builders import (
     T0,
     make_job,
