@@ -368,9 +368,10 @@ class Budget(PolicyModel):
                        "`budgets[NAME]`.")
     project: Name | None = Field(
         default=None,
-        description="The project whose burst spend the budget limits (nodes launched for it); "
-        "unset: the whole pool, every project together. Any project name may be given, listed "
-        "under projects or not.",
+        description="The project whose burst spend the budget limits: nodes launched for it, "
+        "and its jobs' share of other projects' nodes (work is checked against its budget "
+        "before it starts, whoever's node it is); unset: the whole pool, every project "
+        "together. Any project name may be given, listed under projects or not.",
     )
     window: BudgetWindow = Field(
         default=BudgetWindow.MONTH, description="The period the limit applies to (UTC calendar "
@@ -397,7 +398,8 @@ class Budget(PolicyModel):
         default=_default_grades(),
         description="Graded actions as spend approaches the limit, in ascending at_percent. "
         "Unset: 80 warn, 90 spot-only, 100 no-new-launches, past 100 drain. An empty list keeps "
-        "only the commitment check.",
+        "only the commitment check: still a cap (work is admitted only within the limit, and a "
+        "scope past it is drained).",
     )
 
     @model_validator(mode="after")

@@ -112,5 +112,8 @@ if __name__ == "__main__":  # a long run outside the suite: seeds FROM..TO
     began = time.perf_counter()
     for number in range(first, last):
         check(number)
+        if (number - first + 1) % 250 == 0:
+            print(f"{number - first + 1} scenarios held, {time.perf_counter() - began:.0f} s",
+                  flush=True)
     print(f"{last - first} scenarios, seeds {first}..{last - 1}: bound held; "
           f"{time.perf_counter() - began:.0f} s")
