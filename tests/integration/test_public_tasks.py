@@ -199,7 +199,7 @@ BAD = [
     ("burst.pool.resume", {"pool": ""}, "pool"),
     ("burst.spend.report", {"group_by": "project,colour"}, "group_by"),
     ("burst.spend.report", {"group_by": 3}, "group_by"),
-    ("burst.spend.report", {"since": "2026-01-01"}, "since"),
+    ("burst.spend.report", {"since": "2026-13-01"}, "since"),  # a date is fine; not this one
     ("burst.spend.report", {"since": FUTURE}, "since"),
 ]
 
