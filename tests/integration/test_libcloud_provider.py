@@ -37,6 +37,7 @@ from orchestrator.domain.ports import (
 from providers import load_provider_class
 from providers.libcloud_driver import LibcloudProvider, ServerFault, classify
 from tests.contract.adapters.libcloud import SIZES, TOKEN_ENV, libcloud_config
+from tests.providers_support import shared_nova
 from tests.servers.fake_nova import NO_VALID_HOST, NODE_IMAGE_ID, NODE_IMAGE_NAME, FakeNova
 
 FAST = {"settle_s": 3.0, "poll_s": 0.02}
@@ -44,8 +45,11 @@ FAST = {"settle_s": 3.0, "poll_s": 0.02}
 
 @pytest.fixture(scope="module")
 def nova() -> Iterator[FakeNova]:
-    with FakeNova() as server:
-        yield server
+    """The session's fake Nova (shared with the contract suite), empty for this module."""
+    server = shared_nova()
+    server.reset()
+    yield server
+    server.reset()
 
 
 @pytest.fixture(scope="module")
