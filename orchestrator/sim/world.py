@@ -224,19 +224,39 @@ class World:
             started.append(job)
 
     def _fill_admitted(self, admission: Admission, now: float, started: list[SimJob]) -> None:
-        """Fill burst nodes job by job in scheduling order, each on the best-fit node that admits
-        it under the budgets (a job no node admits waits; the ones behind it may still start)."""
+        """Fill burst nodes as :meth:`_fill` does (the best head of each width, one node per
+        job), each job on the best-fit node that admits it under the budgets and quotas. A job no node
+        admits waits; the next one in order (of its width, or another) may start, as the
+        built-in queue's dispatcher and the planner's absorption take them."""
         pool = self.burst
-        waiting = sorted((entry for heap in self._burst_q.values() for entry in heap
-                          if entry[2].state == PENDING and entry[1] == entry[2].attempt),
-                         key=lambda entry: entry[0])
+        queues = self._burst_q
         store = self.store
-        for _, _, job in waiting:
-            if not pool.free_total:
+        refused: set[int] = set()  # jobs no node admits at this instant
+
+        def first(heap: list) -> tuple | None:
+            head = _head(heap)
+            if head is None or head[2].index not in refused:
+                return head
+            # The head was refused: the next job of its width in order (refusals are rare,
+            # so sorting the width's queue here is cheap overall).
+            for entry in sorted(heap):
+                job = entry[2]
+                if job.state == PENDING and entry[1] == job.attempt and job.index not in refused:
+                    return entry
+            return None
+
+        while pool.free_total:
+            best = None
+            for width, heap in queues.items():
+                if width > pool.max_size or not pool.fits(width):
+                    continue
+                head = first(heap)
+                if head is not None and (best is None or head[0] < best[0]):
+                    best = head
+            if best is None:
                 return
-            if job.gpus > pool.max_size or job.gpus > pool.free_total:
-                continue
-            verdicts: dict[int, object] = {}
+            job = best[2]
+            verdicts: dict[int, tuple] = {}
 
             def ok(index: int, job: SimJob = job, verdicts: dict = verdicts) -> bool:
                 node = store.get_node(self._burst_ids[index])
@@ -246,7 +266,10 @@ class World:
 
             alloc = pool.find(job.gpus, ok=ok)
             if alloc is None:
+                refused.add(job.index)
                 continue
+            if queues[job.gpus][0] is best:
+                heapq.heappop(queues[job.gpus])  # (else its entry goes stale: _head drops it)
             [(index, _)] = alloc
             node, verdict = verdicts[index]
             admission.take(job.domain, node, verdict)
