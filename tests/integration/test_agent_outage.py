@@ -68,9 +68,9 @@ def served_rt(store: Store, tmp_path: Path):
     return rig, rt
 
 
-def test_a_run_finished_during_an_outage_is_delivered_after_it_and_not_rerun(
-        served_rt, tmp_path: Path) -> None:
-    rig, rt = served_rt
+def booted_node(rig, rt: Runtime, tmp_path: Path):
+    """A launched node of project research, the API served on a free port, and the node's
+    bootstrap pointed at it (written to a user-data file for the agent to start from)."""
     node = add_node(rig, 1, "research")
     [request] = rig.provider.requests.values()
     server = ApiServer(create_app(rt), "127.0.0.1", 0)
@@ -78,6 +78,13 @@ def test_a_run_finished_during_an_outage_is_delivered_after_it_and_not_rerun(
     boot = replace(Bootstrap.parse(request.user_data), controller_url=f"http://127.0.0.1:{port}")
     user_data = tmp_path / "n1.user-data"
     user_data.write_text(boot.render())
+    return node, server, port, user_data
+
+
+def test_a_run_finished_during_an_outage_is_delivered_after_it_and_not_rerun(
+        served_rt, tmp_path: Path) -> None:
+    rig, rt = served_rt
+    node, server, port, user_data = booted_node(rig, rt, tmp_path)
     runs, go = tmp_path / "runs.txt", tmp_path / "go"
     job = rig.store.submit_job("research", POOL, node.gpus, 0, None,
                                f"echo ran >> {runs}; while [ ! -e {go} ]; do sleep 0.05; done",
@@ -167,13 +174,7 @@ def test_a_run_interrupted_by_an_agent_crash_is_stopped_and_handed_back_on_resta
     import psutil
 
     rig, rt = served_rt
-    node = add_node(rig, 1, "research")
-    [request] = rig.provider.requests.values()
-    server = ApiServer(create_app(rt), "127.0.0.1", 0)
-    port = server.start()
-    boot = replace(Bootstrap.parse(request.user_data), controller_url=f"http://127.0.0.1:{port}")
-    user_data = tmp_path / "n1.user-data"
-    user_data.write_text(boot.render())
+    node, server, port, user_data = booted_node(rig, rt, tmp_path)
     pid_file = tmp_path / "job.pid"
     job = rig.store.submit_job("research", POOL, node.gpus, 0, None,
                                f"echo $$ >> {pid_file}; exec sleep 300", rig.now)
