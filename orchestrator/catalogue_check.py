@@ -269,15 +269,16 @@ def resolve_policies(policies: list[Policy], files: list[Path | str | None], cat
     return resolved, notes
 
 
-def resolve_with_catalogue(policies: list[Policy], files: list[Path | str | None]
-                           ) -> tuple[list[Policy], list[Problem]]:
+def resolve_with_catalogue(policies: list[Policy], files: list[Path | str | None],
+                           state_dir: Path | None = None) -> tuple[list[Policy], list[Problem]]:
     """:func:`resolve_policies` against the bundled catalogues, with the prices ``burst catalog
-    refresh`` wrote into the state directory (``BURST_STATE_DIR``) on top, checked today."""
+    refresh`` wrote into the state directory on top, checked today. ``state_dir``: the settings'
+    (default: ``BURST_STATE_DIR``, else the default state directory)."""
     import os
 
     from orchestrator.wiring import CATALOG_OVERRIDES, default_state_dir
 
-    state = Path(os.environ.get("BURST_STATE_DIR") or default_state_dir())
+    state = state_dir or Path(os.environ.get("BURST_STATE_DIR") or default_state_dir())
     catalogue = bundled_catalogue(state / CATALOG_OVERRIDES)
     return resolve_policies(policies, files, catalogue, datetime.now(UTC).date())
 

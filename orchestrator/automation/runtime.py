@@ -18,7 +18,8 @@ def policies_from(settings: Settings) -> list[Policy]:
     from orchestrator.catalogue_check import resolve_with_catalogue
 
     files = list(settings.policy_files or [DEFAULT_POLICY_PATH])
-    return resolve_with_catalogue([load_policy(path) for path in files], files)[0]
+    return resolve_with_catalogue([load_policy(path) for path in files], files,
+                                  settings.state_dir)[0]
 
 
 def policy_names_from(settings: Settings) -> list[str]:

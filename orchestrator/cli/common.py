@@ -185,7 +185,8 @@ def load_policies(paths: list[Path] | None, settings: Settings | None = None,
     from orchestrator.catalogue_check import resolve_with_catalogue
 
     try:
-        policies, found = resolve_with_catalogue(policies, files)
+        policies, found = resolve_with_catalogue(
+            policies, files, settings.state_dir if settings is not None else None)
     except PolicyError as exc:
         for problem in exc.problems:
             err.print(str(problem))
