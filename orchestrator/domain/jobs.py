@@ -26,7 +26,9 @@ class Placement(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A unit of queued work. ``duration_s`` is the expected runtime (time limit), if known."""
+    """A unit of queued work. ``duration_s`` is the expected runtime (time limit), if known;
+    ``checkpoint_s`` how often it saves a checkpoint it can resume from (its annotation; None:
+    the policy's default for its project)."""
 
     id: str
     project: str
@@ -36,3 +38,4 @@ class Job:
     priority: int = 0
     duration_s: float | None = None
     state: JobState = JobState.PENDING
+    checkpoint_s: float | None = None

@@ -143,6 +143,22 @@ class BurstRun:
 
 
 @dataclass(frozen=True, slots=True)
+class OfferingHealth:
+    """What is known of one offering's capacity: its spot preemption hazard (interruptions per
+    instance-hour) and the odds that a launch of it fails for lack of capacity (stockout),
+    estimated from node events (decayed) on top of a prior (the catalogue's published
+    interruption bucket). ``evidence_hours``/``evidence_launches``: the decayed node-hours and
+    launches the estimate rests on beyond the prior."""
+
+    offering_key: str
+    preemptions_per_hour: float
+    stockout_odds: float
+    evidence_hours: float = 0.0
+    evidence_launches: float = 0.0
+    prior: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """World state at ``taken_at``."""
 
@@ -160,3 +176,6 @@ class Snapshot:
     # Jobs running on burst nodes (the built-in queue and the simulator report them; a source
     # that cannot tell leaves it empty).
     burst_runs: tuple[BurstRun, ...] = ()
+    # Per offering key: learned preemption hazard and stockout odds (observer-computed; an
+    # offering missing here is planned with no interruptions and no stockouts).
+    offering_health: dict[str, OfferingHealth] = field(default_factory=dict)

@@ -53,6 +53,7 @@ from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import Demand, absorb
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
+from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import (
     MULTI_NODE,
@@ -211,11 +212,17 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     else:
         budget = pool_budget(policy, nodes, candidates)
         held = _held_gpus(nodes, snapshot.burst_runs)
+        chooser = (SpotChooser(policy, ranked, snapshot.offering_health)
+                   if policy.spot.by_expected_cost else None)
         grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst,
-                                        books)
+                                        books, rank_for=chooser.rank if chooser else None)
         held_back = tuple(held_list)
         launches = _launches(policy, grants, did, ActionReason.DEMAND)
         chosen = ranked[0].offering.key
+        if chooser is not None:
+            inputs["spot_choice"] = chooser.record()
+            if launches:
+                chosen = Counter(lc.offering.key for lc in launches).most_common(1)[0][0]
         if launches:
             rule = Rule.SCALE_UP
             kinds = sorted({lc.offering.key for lc in launches})

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
 from operator import attrgetter
@@ -137,6 +137,7 @@ def grant_nodes(
     held_gpus: dict[str, int],
     bins: Bins | None = None,
     books: BudgetBook | None = None,
+    rank_for: Callable[[Job], list[Candidate]] | None = None,
 ) -> tuple[list[Grant], list[str]]:
     """Grant nodes for the unmet jobs; return the grants and the limits that bound.
 
@@ -165,16 +166,20 @@ def grant_nodes(
     first in scheduling order (max-min fairness by water-filling). Jobs of one project keep their
     scheduling order. When nothing pool-wide binds, every job is granted in scheduling order and
     the packing agrees with ``absorb`` as above.
+
+    ``rank_for`` (``spot.by_expected_cost``, :mod:`.spot`): each job's own ranking of the
+    candidates. Jobs are then granted group by group of equal ranking (groups in the order of
+    their first job, scheduling order within), each group as above with its own ranking.
     """
     bins = bins if bins is not None else Bins([])
     rivals = _equal_priority_rivals(unmet, policy)
     first = _Pass(policy, ranked, budget, held_gpus, bins, books)
     # With rivals, the first pass gives up as soon as a pool-wide limit binds: fair order decides.
-    first.run(unmet, fair=False, stop_if_pool_limited=rivals)
+    first.run(unmet, fair=False, stop_if_pool_limited=rivals, rank_for=rank_for)
     chosen = first
     if rivals and first.pool_limited() and not first.settled:
         second = _Pass(policy, ranked, budget, held_gpus, bins, books)
-        second.run(unmet, fair=True)
+        second.run(unmet, fair=True, rank_for=rank_for)
         chosen = second
     budget.assign(chosen.budget)
     held_gpus.clear()
@@ -225,12 +230,27 @@ class _Pass:
     def _pool_wide(self, blocker: str) -> bool:
         return blocker.startswith("limits.") or blocker.split(".")[0] in self.pool_budgets
 
-    def run(self, unmet: tuple[Job, ...], fair: bool, stop_if_pool_limited: bool = False) -> None:
+    def run(self, unmet: tuple[Job, ...], fair: bool, stop_if_pool_limited: bool = False,
+            rank_for: Callable[[Job], list[Candidate]] | None = None) -> None:
+        if rank_for is None:
+            self._run(list(unmet), self.ranked, fair, stop_if_pool_limited)
+            return
+        groups: dict[tuple[str, ...], tuple[list[Candidate], list[Job]]] = {}
+        for job in unmet:
+            ranking = rank_for(job)
+            groups.setdefault(tuple(c.key for c in ranking), (ranking, []))[1].append(job)
+        for ranking, jobs in groups.values():
+            if not self._run(jobs, ranking, fair, stop_if_pool_limited):
+                return
+
+    def _run(self, left: list[Job], ranked: list[Candidate], fair: bool,
+             stop_if_pool_limited: bool) -> bool:
+        """Grant nodes for ``left`` from ``ranked``; False when the pass is over (settled, or to
+        be thrown away for the fair one)."""
         # The packing continues from the burst capacity absorb left (``bins``): unmet jobs go on
         # nodes already there or granted this tick, each on one node.
         bins = self.bins
-        left = list(unmet)
-        for candidate in self.ranked:
+        for candidate in ranked:
             size = candidate.offering.gpus
             bins.node_size = bins.node_size or size
             offering_limit = f"offerings[{candidate.key}].max_nodes"
@@ -271,9 +291,9 @@ class _Pass:
                             # Nothing granted and nothing can be: whatever the order, this is
                             # the outcome (what is left would only pack onto nodes already there).
                             self.settled = True
-                            return
+                            return False
                     if stop_if_pool_limited and self._pool_wide(blocker):
-                        return  # this pass is thrown away: the fair one decides
+                        return False  # this pass is thrown away: the fair one decides
                     continue
                 for _ in range(count):
                     self.budget.take(candidate)
@@ -288,11 +308,12 @@ class _Pass:
                 break
             left = carried
         else:
-            widest = max((c.offering.gpus for c in self.ranked), default=0)
+            widest = max((c.offering.gpus for c in ranked), default=0)
             if any(job.gpus > widest for job in left):
                 # Until multi-node placement lands, a job wider than every offering's node is
                 # not launched for: its nodes would bill while the dispatcher cannot start it.
                 self.hold(MULTI_NODE)
+        return True
 
     def _pack(self, job: Job, where: list[int]) -> None:
         """Place ``job`` on the bins ``where`` (peeked); nodes granted this tick stretch their

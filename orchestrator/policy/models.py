@@ -300,6 +300,18 @@ class Project(PolicyModel):
         description="Fair-share weight among projects of equal priority: a project of weight 2 is "
         "granted nodes until it holds twice the burst GPUs of a project of weight 1.",
     )
+    checkpoint_every: Duration | None = Field(
+        default=None,
+        description="How often the project's jobs save a checkpoint they can resume from after "
+        "a spot interruption (a job's own annotation wins; unset: spot.checkpoint_every).",
+    )
+
+    @model_validator(mode="after")
+    def _positive_interval(self) -> Project:
+        if self.checkpoint_every is not None and self.checkpoint_every.total_seconds() <= 0:
+            raise field_problem("checkpoint_every", "must be longer than 0s (leave it unset for "
+                                "jobs that do not checkpoint)")
+        return self
 
 
 class BudgetWindow(StrEnum):
@@ -463,6 +475,46 @@ class BudgetCommitment(PolicyModel):
     )
 
 
+class SpotChoice(PolicyModel):
+    """How the market (spot or on-demand), provider and region of each job's node are chosen.
+
+    With ``by_expected_cost`` each unmet job is priced on every usable offering at price x
+    expected billed time under the offering's preemption hazard (work lost since the last
+    checkpoint and ``restart_overhead`` per interruption, a new node's boot), plus the SLO risk of
+    restarts and stockouts (the expected delay, valued at ``delay_usd_per_gpu_hour``); the
+    cheapest takes the job. Hazard and stockout odds come from the snapshot's offering health
+    (learned from node events, seeded by the catalogue's published interruption buckets).
+    """
+
+    by_expected_cost: bool = Field(
+        default=False,
+        description="Choose each job's offering by expected cost including interruptions (see "
+        "docs/simulator.md, 'Spot'); off: the offering cheapest for all unmet demand, by price.",
+    )
+    checkpoint_every: Duration | None = Field(
+        default=None,
+        description="Checkpoint interval of jobs whose project and annotation give none; unset: "
+        "such jobs restart from the beginning after an interruption.",
+    )
+    restart_overhead: Duration = Field(
+        default=timedelta(minutes=3),
+        description="Time an interrupted job spends on its next node before it computes again "
+        "(loading the checkpoint, warming up), beyond that node's boot.",
+    )
+    delay_usd_per_gpu_hour: Money | None = Field(
+        default=None, le=MAX_PRICE_USD_HOUR,
+        description="What an hour of delay to one GPU of a job costs (the SLO risk of a restart "
+        "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings.",
+    )
+
+    @model_validator(mode="after")
+    def _positive_interval(self) -> SpotChoice:
+        if self.checkpoint_every is not None and self.checkpoint_every.total_seconds() <= 0:
+            raise field_problem("checkpoint_every", "must be longer than 0s (leave it unset for "
+                                "jobs that do not checkpoint)")
+        return self
+
+
 class Policy(PolicyModel):
     """A bursting policy for one pool."""
 
@@ -515,6 +567,11 @@ class Policy(PolicyModel):
         default_factory=BudgetCommitment,
         description="How much budget each launch commits (every launch records it; budgets "
         "check it).",
+    )
+    spot: SpotChoice = Field(
+        default_factory=SpotChoice,
+        description="Spot or on-demand, and which provider and region, per job by expected cost "
+        "(see docs/simulator.md, 'Spot').",
     )
 
     @model_validator(mode="after")
@@ -593,6 +650,17 @@ class Policy(PolicyModel):
             if project.name == name:
                 return project.weight
         return 1.0
+
+    def checkpoint_every_s(self, project: str, annotated_s: float | None = None) -> float | None:
+        """A job's checkpoint interval in seconds: its annotation, else its project's, else the
+        policy's ``spot.checkpoint_every``; None: it restarts from the beginning."""
+        if annotated_s:
+            return annotated_s
+        for p in self.projects:
+            if p.name == project and p.checkpoint_every is not None:
+                return p.checkpoint_every.total_seconds()
+        default = self.spot.checkpoint_every
+        return default.total_seconds() if default is not None else None
 
     def project_quota(self, name: str) -> int | None:
         """Most burst GPUs the project may hold, or None for no per-project limit."""

@@ -1,0 +1,163 @@
+"""Spot or on-demand, and which provider and region, per job by expected cost (``spot``).
+
+Pure maths over the snapshot's offering health (:class:`~orchestrator.domain.snapshot.OfferingHealth`:
+preemption hazard and stockout odds per offering, learned by the observer from node events). For a
+job of ``D`` seconds of work that checkpoints every ``c`` seconds (no checkpoint: ``c = D``) on an
+offering whose instances are interrupted at rate ``λ`` (per node; a job on ``n`` nodes at ``nλ``),
+each segment of ``x`` seconds of work takes, in expectation,
+
+    E[x] = (e^{λx} - 1) (1/λ + K),      K = restart overhead + boot of the next node,
+
+seconds of billed node time (a failed attempt's work since the checkpoint is lost, then ``K`` is
+paid and the segment retried; the limit λ -> 0 is ``x``), with ``e^{λx} - 1`` interruptions. The
+billed time is the first boot plus the sum over the segments; the expected cost is price x billed
+time x the job's share of the node (its GPUs over the node's, whole nodes for a wider job). The
+SLO risk is the expected delay (``K`` per interruption, a retry back-off per stockout: ``s/(1-s)``
+failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_gpu_hour``
+(default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
+lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
+
+Jobs are priced per class (GPUs, duration, checkpoint interval): a queue of 100k jobs has few.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from orchestrator.domain.jobs import Job
+from orchestrator.domain.snapshot import OfferingHealth
+from orchestrator.planner.offerings import DEFAULT_JOB_HOURS, Candidate
+from orchestrator.policy.models import Market, Policy
+
+STOCKOUT_RETRY_S = 180.0  # a capacity error excludes the offering this long (the executor's back-off)
+MAX_STOCKOUT_ODDS = 0.99  # odds past this are planned as this (the expected retries stay finite)
+RECORDED_CLASSES = 8  # job classes whose alternatives a decision records (the largest by GPU-hours)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPrice:
+    """What running one job on one offering is expected to take and cost."""
+
+    offering_key: str
+    market: Market
+    nodes: float  # nodes' worth of the offering the job holds (a share when it packs)
+    billed_hours: float  # expected node-hours billed, interruptions and re-runs included
+    interruptions: float  # expected number of interruptions
+    lost_hours: float  # expected work redone (since the last checkpoint) plus restart overhead
+    stockout_odds: float
+    run_usd: float  # price x billed hours x share
+    risk_usd: float  # SLO risk: expected delay x GPUs x delay price
+    expected_cost_usd: float  # run_usd + risk_usd
+
+    def as_record(self) -> dict:
+        def r(value: float) -> float:
+            return round(min(value, 1e12), 4)  # an infinitely dear option stays valid JSON
+        return {"offering": self.offering_key, "market": str(self.market),
+                "billed_hours": r(self.billed_hours), "interruptions": r(self.interruptions),
+                "lost_hours": r(self.lost_hours), "stockout_odds": r(self.stockout_odds),
+                "run_usd": r(self.run_usd), "risk_usd": r(self.risk_usd),
+                "expected_cost_usd": r(self.expected_cost_usd)}
+
+
+def expected_work_s(work_s: float, checkpoint_s: float | None, restart_s: float,
+                    hazard_per_s: float) -> tuple[float, float]:
+    """Expected wall seconds to get ``work_s`` done under interruptions at ``hazard_per_s``,
+    resuming from the last checkpoint (every ``checkpoint_s``; None: from the start) after
+    ``restart_s``; and the expected number of interruptions."""
+    if work_s <= 0:
+        return 0.0, 0.0
+    if hazard_per_s <= 0:
+        return work_s, 0.0
+    segment = min(checkpoint_s or work_s, work_s)
+    full, last = divmod(work_s, segment)
+    total = interruptions = 0.0
+    for length, count in ((segment, full), (last, 1.0 if last > 1e-9 else 0.0)):
+        if count:
+            # expm1 keeps precision when λx is tiny; past ~700 it would overflow: infinitely
+            # dear (never chosen while anything finite is on offer).
+            exponent = hazard_per_s * length
+            grown = math.expm1(exponent) if exponent < 700.0 else math.inf
+            total += count * (grown / hazard_per_s + grown * restart_s)  # 1/λ may overflow
+            interruptions += count * grown
+    return total, interruptions
+
+
+def price_job(gpus: int, duration_s: float, checkpoint_s: float | None, candidate: Candidate,
+              health: OfferingHealth | None, restart_s: float, boot_s: float,
+              delay_usd_per_gpu_hour: float) -> JobPrice:
+    """One job's expected cost on one offering (module docstring)."""
+    offering = candidate.offering
+    node_gpus = offering.gpus
+    nodes_held = -(-gpus // node_gpus) if gpus > node_gpus else 1
+    share = nodes_held if gpus > node_gpus else gpus / node_gpus
+    hazard_h = health.preemptions_per_hour if health is not None else 0.0
+    stockout = min(health.stockout_odds, MAX_STOCKOUT_ODDS) if health is not None else 0.0
+    hazard_s = hazard_h * nodes_held / 3600.0  # any of the job's nodes going ends the attempt
+    restart_total = restart_s + boot_s
+    run_s, interruptions = expected_work_s(duration_s, checkpoint_s, restart_total, hazard_s)
+    billed_s = (offering.billing.billed_seconds(boot_s + run_s) if math.isfinite(run_s)
+                else math.inf)
+    run_usd = offering.price_usd_hour * billed_s / 3600.0 * share
+    retries = stockout / (1.0 - stockout)
+    delay_s = interruptions * restart_total + retries * STOCKOUT_RETRY_S
+    risk_usd = delay_s / 3600.0 * gpus * delay_usd_per_gpu_hour
+    return JobPrice(candidate.key, offering.market, share, billed_s / 3600.0, interruptions,
+                    max(run_s - duration_s, 0.0) / 3600.0, stockout, run_usd, risk_usd,
+                    run_usd + risk_usd)
+
+
+class SpotChooser:
+    """Ranks the candidates for each job by expected cost (memoized per job class for a tick)."""
+
+    def __init__(self, policy: Policy, candidates: list[Candidate],
+                 health: dict[str, OfferingHealth]):
+        self.policy = policy
+        self.candidates = candidates
+        self.health = health
+        spot = policy.spot
+        self.restart_s = spot.restart_overhead.total_seconds()
+        self.boot_s = policy.trigger.expected_boot.total_seconds()
+        if spot.delay_usd_per_gpu_hour is not None:
+            self.delay_rate = float(spot.delay_usd_per_gpu_hour)
+        else:
+            on_demand = [c.offering.price_per_gpu_hour for c in candidates
+                         if c.offering.market is Market.ON_DEMAND]
+            self.delay_rate = min(on_demand, default=max(
+                (c.offering.price_per_gpu_hour for c in candidates), default=0.0))
+        self._classes: dict[tuple, tuple[list[Candidate], tuple[JobPrice, ...]]] = {}
+        self._gpu_hours: dict[tuple, float] = {}
+
+    def _class(self, job: Job) -> tuple:
+        duration = job.duration_s or DEFAULT_JOB_HOURS * 3600.0
+        return (job.gpus, duration, self.policy.checkpoint_every_s(job.project, job.checkpoint_s))
+
+    def rank(self, job: Job) -> list[Candidate]:
+        """The candidates for ``job``, by expected cost plus SLO risk (ties by key)."""
+        key = self._class(job)
+        self._gpu_hours[key] = self._gpu_hours.get(key, 0.0) + key[0] * key[1] / 3600.0
+        entry = self._classes.get(key)
+        if entry is None:
+            gpus, duration, checkpoint = key
+            prices = [price_job(gpus, duration, checkpoint, c, self.health.get(c.key),
+                                self.restart_s, self.boot_s, self.delay_rate)
+                      for c in self.candidates]
+            order = sorted(range(len(prices)),
+                           key=lambda i: (prices[i].expected_cost_usd, prices[i].offering_key))
+            entry = ([self.candidates[i] for i in order], tuple(prices[i] for i in order))
+            self._classes[key] = entry
+        return entry[0]
+
+    def record(self) -> list[dict]:
+        """The job classes ranked this tick (the largest by GPU-hours first), each with every
+        alternative's expected cost, the chosen one first: the decision's ``inputs.spot_choice``."""
+        largest = sorted(self._gpu_hours, key=lambda k: (-self._gpu_hours[k], k))[:RECORDED_CLASSES]
+        out = []
+        for key in largest:
+            gpus, duration, checkpoint = key
+            prices = self._classes[key][1]
+            out.append({"gpus": gpus, "duration_s": duration, "checkpoint_s": checkpoint,
+                        "gpu_hours": round(self._gpu_hours[key], 3),
+                        "chosen": prices[0].offering_key if prices else None,
+                        "alternatives": [p.as_record() for p in prices]})
+        return out

@@ -1,0 +1,127 @@
+"""Spot or on-demand per job by expected cost (orchestrator.planner.spot, ``spot`` policy section)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.domain.snapshot import OfferingHealth
+from orchestrator.planner import plan
+from orchestrator.planner.offerings import Candidate
+from orchestrator.planner.spot import expected_work_s, price_job
+from tests.builders import T0, make_job, make_offering, make_policy, make_snapshot, offering_spec
+
+SPOT = offering_spec("g8s", price=4, market="spot")
+ON_DEMAND = offering_spec("g8", price=10)
+REGION_B = offering_spec("g8s", price=5, market="spot", region="us-west-2")
+
+
+def _policy(**spot):
+    return make_policy(offerings=[SPOT, ON_DEMAND, REGION_B],
+                       spot={"by_expected_cost": True, **spot})
+
+
+def _snapshot(jobs, health):
+    snap = make_snapshot(jobs, onprem_total=0)
+    return replace(snap, offering_health=health)
+
+
+def _key(policy, index):
+    return policy.offerings[index].key
+
+
+@settings(max_examples=200, deadline=None)
+@given(work=st.floats(60, 200_000), hazard_h=st.floats(0, 5), restart=st.floats(0, 3600),
+       checkpoint=st.one_of(st.none(), st.floats(60, 50_000)))
+def test_expected_work_is_at_least_the_work_and_grows_with_the_hazard(work, hazard_h, restart,
+                                                                      checkpoint):
+    base, n0 = expected_work_s(work, checkpoint, restart, hazard_h / 3600)
+    more, n1 = expected_work_s(work, checkpoint, restart, (hazard_h + 0.5) / 3600)
+    assert base >= work * (1 - 1e-9) and n0 >= 0
+    assert more >= base and n1 >= n0
+    # What an interruption costs is bounded by one checkpoint interval plus the restart: the
+    # expected loss never exceeds interruptions x (interval + restart).
+    segment = min(checkpoint or work, work)
+    assert base - work <= n0 * (segment + restart) * (1 + 1e-6) + 1e-6
+
+
+def test_no_hazard_means_no_loss_and_checkpoints_cut_the_loss():
+    assert expected_work_s(3600, None, 300, 0.0) == (3600, 0.0)
+    hazard = 0.5 / 3600
+    none, _ = expected_work_s(10 * 3600, None, 300, hazard)
+    hourly, _ = expected_work_s(10 * 3600, 3600, 300, hazard)
+    assert hourly < none
+    # closed form for one segment: (e^{λx} - 1)(1/λ + K)
+    assert math.isclose(none, math.expm1(hazard * 36000) * (1 / hazard + 300))
+
+
+def test_price_job_shares_a_node_and_adds_the_slo_risk():
+    spot = Candidate(make_offering("g8s", price=4, market="spot"), None)
+    health = OfferingHealth(spot.key, preemptions_per_hour=0.2, stockout_odds=0.5)
+    p = price_job(2, 3600, 600, spot, health, restart_s=180, boot_s=300, delay_usd_per_gpu_hour=1.25)
+    assert p.nodes == 0.25 and p.interruptions > 0 and p.stockout_odds == 0.5
+    assert p.risk_usd > 0 and math.isclose(p.expected_cost_usd, p.run_usd + p.risk_usd)
+    calm = price_job(2, 3600, 600, spot, None, 180, 300, 1.25)
+    assert calm.risk_usd == 0 and calm.interruptions == 0 and calm.run_usd < p.run_usd
+
+
+def test_a_long_job_without_checkpoints_goes_on_demand_and_a_checkpointed_one_spot():
+    policy = _policy()
+    health = {_key(policy, 0): OfferingHealth(_key(policy, 0), 0.5, 0.0),
+              _key(policy, 2): OfferingHealth(_key(policy, 2), 0.5, 0.0)}
+    long_job = make_job("long", gpus=8, duration_s=20 * 3600)
+    result = plan(_snapshot([long_job], health), [policy], T0)
+    [launch] = result.launches
+    assert launch.offering.key == _key(policy, 1)  # on-demand: 20 h with no checkpoint
+    checkpointed = _policy(checkpoint_every="30m")
+    result = plan(_snapshot([long_job], health), [checkpointed], T0)
+    [launch] = result.launches
+    assert launch.offering.key == _key(checkpointed, 0)  # the cheaper spot region
+    [decision] = result.decisions
+    [choice] = decision.inputs["spot_choice"]
+    assert choice["chosen"] == launch.offering.key and choice["checkpoint_s"] == 1800
+    costs = [a["expected_cost_usd"] for a in choice["alternatives"]]
+    assert costs == sorted(costs) and len(costs) == 3
+
+
+def test_stockout_odds_move_the_job_to_another_region_not_to_on_demand():
+    policy = _policy(checkpoint_every="30m")
+    health = {_key(policy, 0): OfferingHealth(_key(policy, 0), 0.1, 0.9),
+              _key(policy, 2): OfferingHealth(_key(policy, 2), 0.1, 0.05)}
+    job = make_job("j", gpus=8, duration_s=4 * 3600)
+    [launch] = plan(_snapshot([job], health), [policy], T0).launches
+    assert launch.offering.key == _key(policy, 2)
+
+
+def test_project_and_job_checkpoint_intervals_win_over_the_default():
+    policy = make_policy(projects=[{"name": "research", "checkpoint_every": "10m"}],
+                         spot={"checkpoint_every": "1h"})
+    assert policy.checkpoint_every_s("research") == 600
+    assert policy.checkpoint_every_s("other") == 3600
+    assert policy.checkpoint_every_s("research", 120.0) == 120
+    assert make_policy().checkpoint_every_s("x") is None
+
+
+def test_off_by_default_plans_as_before():
+    policy = make_policy(offerings=[SPOT, ON_DEMAND, REGION_B])
+    assert policy.spot.by_expected_cost is False
+    job = make_job("j", gpus=8, duration_s=20 * 3600)
+    result = plan(_snapshot([job], {}), [policy], T0)
+    assert "spot_choice" not in result.decisions[0].inputs
+    assert result.launches[0].offering.key == _key(policy, 0)  # cheapest by price
+    assert policy.spot.restart_overhead == timedelta(minutes=3)
+
+
+def test_a_zero_checkpoint_interval_is_refused_naming_the_field():
+    import pytest
+
+    from orchestrator.policy import PolicyError
+
+    with pytest.raises(PolicyError, match="checkpoint_every"):
+        make_policy(projects=[{"name": "a", "checkpoint_every": "0s"}])
+    with pytest.raises(PolicyError, match="spot.checkpoint_every"):
+        make_policy(spot={"checkpoint_every": "0s"})
