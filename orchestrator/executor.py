@@ -44,6 +44,7 @@ from orchestrator.domain.ports import (
 from orchestrator.domain.snapshot import CapacityBlock
 from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap
 from orchestrator.fabric.tokens import JoinTokens
+from orchestrator.instruments import LEAKED_COLLECTED
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
@@ -314,3 +315,5 @@ class Executor:
         log.warning("terminating instance %s at %s: %s", action.instance_id, action.provider, action.reason)
         provider.terminate([action.instance_id])
         report.terminated.append(action.instance_id)
+        if action.reason is ActionReason.LEAKED:
+            LEAKED_COLLECTED.labels(action.provider or "").inc()

@@ -22,6 +22,7 @@ from orchestrator.costs.ledger import RollupResult, billing_rules, roll_up
 from orchestrator.domain.plan import Plan
 from orchestrator.domain.snapshot import Snapshot
 from orchestrator.executor import Executor
+from orchestrator.instruments import count_decisions, observe_tick
 from orchestrator.planner import plan as make_plan
 from orchestrator.policy.models import Policy
 from orchestrator.policy.units import format_duration
@@ -99,6 +100,7 @@ def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
     roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
     snapshot = rt.observer.snapshot(now)
     result = make_plan(snapshot, policies, now)
+    count_decisions(result.decisions)
     return PlanPass(now, snapshot, result, carry_out(result))
 
 
@@ -117,6 +119,8 @@ def record_tick(rt: Runtime, policies: Iterable[str], at: datetime, started: flo
     metrics endpoint. Not fenced: timing is no state a deposed leader could corrupt; and a failure
     is logged, since metrics must never fail a tick."""
     duration = time.perf_counter() - started
+    policies = list(policies)
+    observe_tick(policies, duration)
     try:
         for name in policies:
             rt.store.record_tick(name, at, duration)

@@ -29,6 +29,7 @@ from orchestrator.domain.ports import Provider
 from orchestrator.executor import Executor, ExecutorConfig
 from orchestrator.fabric.builtin import BuiltinFabric
 from orchestrator.fabric.tokens import JoinTokens
+from orchestrator.instruments import InstrumentedProvider
 from orchestrator.observe import Observer
 from orchestrator.policy.models import Policy, ProviderName, QueueSourceKind
 from orchestrator.policy.units import Duration
@@ -307,8 +308,9 @@ def build_runtime(
         for policy in policy_map.values():
             for spec in policy.offerings:
                 if str(spec.provider) not in providers:
-                    providers[str(spec.provider)] = build_provider(
-                        str(spec.provider), settings, policy_map.values())
+                    # Timed and error-counted for /metrics (orchestrator.instruments).
+                    providers[str(spec.provider)] = InstrumentedProvider(build_provider(
+                        str(spec.provider), settings, policy_map.values()))
     clock = clock or SystemClock()
     queue = BuiltinQueue(store, list(policy_map.values()))
     fabric = _fabric(store, policy_map, clock, BuiltinFabric(queue))

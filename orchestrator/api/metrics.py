@@ -23,6 +23,12 @@ family                                     type       labels / meaning
 ``burst_tick_last_timestamp_seconds``      gauge      policy: when the latest tick ran (Unix time)
 =========================================  =========  ==============================================
 
+More store-side families (lifecycle latency histograms, launch failures per offering, nodes past
+a timeout, budget grades and forecasts, cumulative cost, leader tenures, build info) are in
+:mod:`orchestrator.api.fleet_metrics`; the process-side ones (provider calls, decisions, launches
+held back, tick histogram; merged across Celery workers in multiprocess mode) in
+:mod:`orchestrator.instruments`. docs/monitoring.md lists them all.
+
 Failure reasons are reduced to a small set of kinds (a provider error kind such as ``capacity``,
 a timeout such as ``boot-timeout``, ``vanished``, else ``other``) so the label stays bounded.
 The endpoint is admin-only: budgets and spend rates are every project's numbers.
@@ -42,7 +48,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from orchestrator.api import fleet_metrics
 from orchestrator.domain.nodes import NodeState
+from orchestrator.instruments import process_collectors
 from orchestrator.domain.plan import ActionReason
 from orchestrator.wiring import Runtime
 
@@ -82,8 +90,13 @@ class StoreCollector(Collector):
         errors = GaugeMetricFamily("burst_scrape_errors",
                                    "1 where a group of families could not be read this scrape.",
                                    labels=["section"])
+        rt = self.runtime
         sections = (("nodes", self._nodes), ("queue", lambda: self._queue(now)),
-                    ("ticks", self._ticks), ("budgets", lambda: self._budgets(now)))
+                    ("ticks", self._ticks), ("budgets", lambda: self._budgets(now)),
+                    ("lifecycle", lambda: fleet_metrics.lifecycle_families(rt)),
+                    ("failures", lambda: fleet_metrics.failure_families(rt, now)),
+                    ("ledger", lambda: fleet_metrics.ledger_families(rt)),
+                    ("build", fleet_metrics.build_info))
         for name, section in sections:
             # Each group is read whole before any of it is yielded, and a failing group is
             # reported rather than failing the scrape: the other families still arrive.
@@ -179,12 +192,14 @@ class StoreCollector(Collector):
                                   labels=["policy", "budget", "project"])
         limit = GaugeMetricFamily("burst_budget_limit_usd", "Limit of this budget window.",
                                   labels=["policy", "budget", "project"])
-        for status in budget_statuses_of(self.runtime, now):
+        statuses = budget_statuses_of(self.runtime, now)
+        for status in statuses:
             labels = [status.policy, status.budget, status.project or ""]
             used.add_metric(labels, float(status.used_fraction))
             spent.add_metric(labels, float(status.spent_usd))
             limit.add_metric(labels, float(status.limit_usd))
         yield from (used, spent, limit)
+        yield from fleet_metrics.budget_families(statuses, self.runtime)
 
     def _pools(self) -> list[str]:
         return sorted({p.pool.name for p in self.runtime.policies.values()})
@@ -201,6 +216,8 @@ def registry_for(runtime: Runtime) -> CollectorRegistry:
     """A registry of its own per app (the global one would mix apps, e.g. in tests)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(runtime))
+    for collector in process_collectors():
+        registry.register(collector)
     return registry
 
 

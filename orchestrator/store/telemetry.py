@@ -40,6 +40,20 @@ class PendingJob:
     submitted_at: datetime
 
 
+# The states whose first entry the lifecycle latency histograms measure between.
+LIFECYCLE_MARK_STATES = (NodeState.LAUNCHING, NodeState.READY, NodeState.DRAINING,
+                         NodeState.TERMINATING, NodeState.TERMINATED)
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleMarks:
+    """When one node first entered each of :data:`LIFECYCLE_MARK_STATES` (absent: not yet)."""
+
+    provider: str
+    offering: str
+    entered: dict[NodeState, datetime]
+
+
 class Telemetry(StoreBase):
     """Tick timing and metric aggregates of the Store."""
 
@@ -105,6 +119,48 @@ class Telemetry(StoreBase):
         with self._read() as conn:
             return [PendingJob(*r) for r in conn.execute(query)]
 
+    def lifecycle_marks(self) -> list[LifecycleMarks]:
+        """Per node: its provider and offering and when it first entered each lifecycle state
+        the latency histograms measure (one row per node, from the append-only events)."""
+        e, n = T.node_events.c, T.nodes.c
+        watched = sorted(s.value for s in LIFECYCLE_MARK_STATES)
+        query = (
+            sa.select(n.id, n.provider, n.offering_key, e.to_state, sa.func.min(e.at))
+            .select_from(T.node_events.join(T.nodes, n.id == e.node_id))
+            .where(e.to_state.in_(watched))
+            .group_by(n.id, n.provider, n.offering_key, e.to_state)
+        )
+        marks: dict[str, LifecycleMarks] = {}
+        with self._read() as conn:
+            for node_id, provider, offering, state, at in conn.execute(query):
+                mark = marks.setdefault(node_id, LifecycleMarks(provider, offering, {}))
+                mark.entered[NodeState(state)] = at
+        return list(marks.values())
+
+    def launch_failure_counts(self) -> list[tuple[str, str, str, int]]:
+        """(provider, offering, reason, count) of nodes that failed before they booted: launches
+        the provider refused, or that never came up."""
+        e, n = T.node_events.c, T.nodes.c
+        early = [NodeState.REQUESTED.value, NodeState.LAUNCHING.value, NodeState.BOOTING.value]
+        query = (
+            sa.select(n.provider, n.offering_key, e.reason, sa.func.count())
+            .select_from(T.node_events.join(T.nodes, n.id == e.node_id))
+            .where(e.to_state == NodeState.FAILED.value, e.from_state.in_(early))
+            .group_by(n.provider, n.offering_key, e.reason)
+        )
+        with self._read() as conn:
+            return [(p, o, r, k) for p, o, r, k in conn.execute(query)]
+
+    def leader_tenures(self) -> dict[str, int]:
+        """Scope -> the highest leader token it has seen (store leases of the embedded loop,
+        fences of the Celery leaders): it grows by one with every new leader."""
+        out: dict[str, int] = {}
+        with self._read() as conn:
+            for table in (T.leases, T.fences):
+                for scope, token in conn.execute(sa.select(table.c.scope, table.c.token)):
+                    out[scope] = max(out.get(scope, 0), int(token))
+        return out
+
     def schema_revision(self) -> str | None:
         """The migration the database is at (None: never migrated); raises if unreachable."""
         from orchestrator.store.migrate import current_revision
@@ -113,4 +169,4 @@ class Telemetry(StoreBase):
             return current_revision(conn)
 
 
-__all__ = ["PendingJob", "TickStat", "Telemetry"]
+__all__ = ["LIFECYCLE_MARK_STATES", "LifecycleMarks", "PendingJob", "TickStat", "Telemetry"]
