@@ -123,17 +123,18 @@ def make_job(
     id: str = "j1",
     *,
     gpus: int = 1,
-    project: str = "research",
+    project: str | None = "research",
     pool: str = POOL,
     submitted_at: datetime | None = None,
     wait: timedelta = timedelta(minutes=1),
     priority: int = 0,
     duration_s: float | None = None,
+    user: str | None = None,
 ) -> Job:
     """A pending job; by default submitted ``wait`` before T0."""
     return Job(id=id, project=project, pool=pool, gpus=gpus,
                submitted_at=submitted_at if submitted_at is not None else T0 - wait,
-               priority=priority, duration_s=duration_s)
+               priority=priority, duration_s=duration_s, user=user)
 
 
 def make_node(

@@ -47,8 +47,9 @@ _PolicyOpt = Annotated[list[Path] | None, typer.Option(
 def report_command(
     since: Annotated[str | None, typer.Option("--from", "--since", help="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (7d, 30d); default: the start of this month, UTC.")] = None,
     until: Annotated[str | None, typer.Option("--to", "--until", help="End: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (30m); default: now.")] = None,
-    group_by: Annotated[str, typer.Option("--group-by", help="Comma-separated: project, pool, policy, provider, region, instance_type, market, node, job, kind, day.")] = "project",
+    group_by: Annotated[str, typer.Option("--group-by", help="Comma-separated: project, pool, policy, provider, region, instance_type, market, node, job, kind, day, user.")] = "project",
     project: Annotated[list[str] | None, typer.Option("--project", help="Only this project (repeat for several).")] = None,
+    user: Annotated[list[str] | None, typer.Option("--user", help="Only this user's jobs (repeat for several).")] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Only this pool.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print the report as CSV.")] = False,
@@ -74,6 +75,7 @@ def report_command(
     except ValueError as exc:
         fail(f"--group-by: {exc}")
     projects = frozenset(p.strip() for item in project or [] for p in item.split(",") if p.strip())
+    users = frozenset(u.strip() for item in user or [] for u in item.split(",") if u.strip())
     settings = load_settings(state_dir=state_dir)
     policies = load_policies(policy, settings) if png else []
     if png is not None and png.suffix.lower() != ".png":
@@ -84,13 +86,14 @@ def report_command(
     store = open_store(settings)
     try:
         query = CostQuery(since=start, until=end, group_by=keys, projects=projects or None,
-                          pool=pool)
+                          pool=pool, users=users or None)
         report = cost_report(store, query)
         daily = None
         if png is not None:
             daily = cost_report(store, CostQuery(since=start, until=end,
                                                  group_by=parse_group_by("day,project"),
-                                                 projects=projects or None, pool=pool))
+                                                 projects=projects or None, pool=pool,
+                                                 users=users or None))
     finally:
         store.close()
 
@@ -124,10 +127,19 @@ def render_table(report: CostReport) -> Table:
                 f"{row.onprem_equiv_usd:,.2f}", f"{row.gpu_hours:,.2f}", f"{row.instance_hours:,.2f}"]
 
     for row in report.rows:
-        table.add_row(*(row.keys[k] for k in keys), *values(row))
+        table.add_row(*(key_label(k, row.keys[k]) for k in keys), *values(row))
     table.add_section()
     table.add_row("total", *([""] * (len(keys) - 1)), *values(report.total), style="bold")
     return table
+
+
+def key_label(key: str, value: str | None) -> str:
+    """A group key as a table shows it: the bucket of no project or no user named as such."""
+    from orchestrator.domain.jobs import NO_PROJECT_LABEL, NO_USER_LABEL
+
+    if value is not None:
+        return value
+    return NO_USER_LABEL if key == "user" else NO_PROJECT_LABEL if key == "project" else "-"
 
 
 # -- the chart ------------------------------------------------------------------------------------
@@ -156,8 +168,9 @@ def write_chart(daily: CostReport, policies: list[Policy], path: Path, start: da
 
     first, last = start.astimezone(UTC).date(), (end - timedelta(microseconds=1)).astimezone(UTC).date()
     days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
-    projects = sorted({row.keys["project"] for row in daily.rows})
-    cost = {(row.keys["day"], row.keys["project"]): float(row.cost_usd) for row in daily.rows}
+    projects = sorted({key_label("project", row.keys["project"]) for row in daily.rows})
+    cost = {(row.keys["day"], key_label("project", row.keys["project"])): float(row.cost_usd)
+            for row in daily.rows}
     budgets = [(policy, budget) for policy in policies
                if pool is None or policy.pool.name == pool
                for budget in getattr(policy, "budgets", None) or []]

@@ -154,8 +154,9 @@ def bucket_lines(node: NodeBilling, bucket: datetime, until: datetime,
     lo, hi = max(bucket, node.launched), min(bucket + HOUR, until)
     lines: list[CostLine] = []
 
-    def line(kind: CostKind, project: str, job_id: str | None, end: datetime, instance_s: float,
-             gpu_s: float, cost: int, equiv: int = 0) -> CostLine:
+    def line(kind: CostKind, project: str | None, job_id: str | None, end: datetime,
+             instance_s: float, gpu_s: float, cost: int, equiv: int = 0,
+             user: str | None = None) -> CostLine:
         return CostLine(
             line_key=f"{node.node_id}:{bucket:%Y-%m-%dT%H}:{kind}:{job_id or NONE}",
             subject=node.node_id, node_id=node.node_id, period_start=bucket, period_end=end,
@@ -163,31 +164,33 @@ def bucket_lines(node: NodeBilling, bucket: datetime, until: datetime,
             provider=node.provider, region=node.region, instance_type=node.instance_type,
             market=node.market, price_usd_hour=float(node.price_usd_hour),
             instance_seconds=instance_s, gpu_seconds=gpu_s, cost_micros=cost,
-            onprem_equiv_micros=equiv, final=final)
+            onprem_equiv_micros=equiv, final=final, user=user)
 
     owner = node.project or NO_PROJECT
     if hi > lo:
         span = micros(lo, hi)
         cost = (usd_micros(price, micros(node.launched, hi))
                 - usd_micros(price, micros(node.launched, lo)))
-        used: dict[str, tuple[str, int]] = {}  # job id -> (project, GPU-microseconds)
+        # job id -> (project, user, GPU-microseconds)
+        used: dict[str, tuple[str | None, str | None, int]] = {}
         for job in sorted(jobs, key=lambda j: (j.job_id, j.start)):
             start, end = max(lo, job.start), min(hi, job.end or hi)
             if end > start and job.gpus > 0:
-                project, weight = used.get(job.job_id, (job.project, 0))
-                used[job.job_id] = (project, weight + job.gpus * micros(start, end))
+                project, user, weight = used.get(job.job_id, (job.project, job.user, 0))
+                used[job.job_id] = (project, user, weight + job.gpus * micros(start, end))
         capacity = node.gpus * span
-        busy = sum(w for _, w in used.values())
+        busy = sum(w for _, _, w in used.values())
         idle = max(capacity - busy, 0)
-        weights = [w for _, w in used.values()] + [idle]
+        weights = [w for _, _, w in used.values()] + [idle]
         whole = sum(weights)
         if whole == 0:  # a node without GPUs that ran nothing: all of it is idle
             weights, whole = [0] * len(used) + [1], 1
         shares = largest_remainder(cost, weights)
-        for (job_id, (project, weight)), share in zip(used.items(), shares, strict=False):
+        for (job_id, (project, user, weight)), share in zip(used.items(), shares, strict=False):
             equiv = usd_micros(onprem, weight)
             lines.append(line(CostKind.USAGE, project, job_id, hi,
-                              span * weight / whole / _US_PER_S, weight / _US_PER_S, share, equiv))
+                              span * weight / whole / _US_PER_S, weight / _US_PER_S, share, equiv,
+                              user))
         if idle or shares[-1]:
             lines.append(line(CostKind.IDLE, owner, None, hi,
                               span * weights[-1] / whole / _US_PER_S, idle / _US_PER_S, shares[-1]))
@@ -248,7 +251,7 @@ def onprem_lines(pool: str, policy: str, gpu_hour_usd: Decimal | float, jobs: Se
                     provider=ONPREM_PROVIDER, region=NONE, instance_type=NONE, market=NONE,
                     price_usd_hour=float(per_gpu), instance_seconds=0.0,
                     gpu_seconds=job.gpus * micros(lo, hi) / _US_PER_S, cost_micros=cost,
-                    final=bucket + HOUR <= final_through))
+                    final=bucket + HOUR <= final_through, user=job.user))
             bucket += HOUR
     return lines
 

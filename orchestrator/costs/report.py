@@ -30,7 +30,8 @@ _MICROS = Decimal(1_000_000)
 class GroupKey(StrEnum):
     """What a cost report can group by."""
 
-    PROJECT = "project"  # the job's project (idle and minimum: the project the node was for)
+    PROJECT = "project"  # the job's project (idle and minimum: the project the node was for);
+    # null: work of a job of no project
     POOL = "pool"
     POLICY = "policy"
     PROVIDER = "provider"  # "onprem" for on-prem lines
@@ -41,18 +42,21 @@ class GroupKey(StrEnum):
     JOB = "job"  # job id ("-" for idle and minimum lines)
     KIND = "kind"  # usage / idle / minimum / onprem
     DAY = "day"  # UTC date of the hour bucket
+    USER = "user"  # who submitted the job; null: lines of no job, or of no known user
 
 
 @dataclass(frozen=True)
 class CostQuery:
     """What to report: lines whose bucket starts in [since, until) (None: unbounded), grouped by
-    ``group_by``, of ``projects`` only (None: every project; auth scoping) and ``pool``."""
+    ``group_by``, of ``projects`` only (None: every project; auth scoping), ``pool`` and of
+    ``users`` only (None: everyone's). An unknown project or user is an empty report."""
 
     since: datetime | None = None
     until: datetime | None = None
     group_by: tuple[GroupKey, ...] = (GroupKey.PROJECT,)
     projects: frozenset[str] | None = None
     pool: str | None = None
+    users: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("since", "until"):
@@ -76,7 +80,7 @@ class CostRow:
     have cost on-prem. ``gpu_hours`` and ``instance_hours`` are cloud hours billed (minimum
     included); ``lines`` counts every ledger line summed into the row."""
 
-    keys: dict[str, str]
+    keys: dict[str, str | None]  # None: the bucket of no project (or no user)
     cost_usd: Decimal
     cost_usd_exact: Decimal
     idle_cost_usd: Decimal
@@ -124,14 +128,15 @@ class CostReport:
 
     def as_csv(self) -> str:
         """One line per row: the group keys, then :data:`VALUE_COLUMNS` (no total line: the
-        columns add up to it)."""
+        columns add up to it). A null key (no project, no user) is an empty field."""
         keys = [str(k) for k in self.query.group_by]
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow([*keys, *VALUE_COLUMNS])
         for row in self.rows:
             values = row.as_json()
-            writer.writerow([row.keys[k] for k in keys] + [values[c] for c in VALUE_COLUMNS])
+            writer.writerow([row.keys[k] or "" for k in keys]
+                            + [values[c] for c in VALUE_COLUMNS])
         return buffer.getvalue()
 
 
@@ -155,7 +160,7 @@ def cost_report(store: Store, query: CostQuery) -> CostReport:
     """Sum the ledger for ``query`` (see the module docstring)."""
     keys = [str(k) for k in query.group_by]
     sums = store.cost_sums(keys, since=query.since, until=query.until, projects=query.projects,
-                           pool=query.pool)
+                           pool=query.pool, users=query.users)
     total = CostSums((), sum(s.cost_micros for s in sums), sum(s.idle_micros for s in sums),
                      sum(s.onprem_micros for s in sums), sum(s.onprem_equiv_micros for s in sums),
                      sum(s.gpu_seconds for s in sums), sum(s.instance_seconds for s in sums),
@@ -195,7 +200,7 @@ def allocate_cents(amounts_micros: list[int], total_micros: int) -> list[Decimal
     return [Decimal(f).scaleb(-2) for f in floors]  # whole cents, two decimals: exact
 
 
-def _row(keys: dict[str, str], s: CostSums, cost: Decimal, idle: Decimal, onprem: Decimal,
+def _row(keys: dict[str, str | None], s: CostSums, cost: Decimal, idle: Decimal, onprem: Decimal,
          equiv: Decimal) -> CostRow:
     return CostRow(
         keys=keys, cost_usd=cost,

@@ -32,17 +32,19 @@ class JobUsage:
     still running)."""
 
     job_id: str
-    project: str
+    project: str | None
     gpus: int
     start: datetime
     end: datetime | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CostLine:
     """One line of the ledger: ``cost_micros`` micro-dollars of ``kind`` in the hour bucket that
-    starts at ``period_start``, attributed to ``project`` (and ``job_id`` for usage and on-prem
-    lines). ``period_end`` is how far into the bucket the line accounts for (the bucket's end once
+    starts at ``period_start``, attributed to ``project`` (and ``job_id`` and ``user`` for usage
+    and on-prem lines; ``project`` None: a job of no project, ``user`` None: a line of no job, or
+    a job whose user is not known). ``period_end`` is how far into the bucket the line accounts for (the bucket's end once
     it is closed, earlier while it is open or where the node ended). ``subject`` is what the line
     belongs to for the roll-up: the node id, or ``onprem:<pool>``."""
 
@@ -52,7 +54,7 @@ class CostLine:
     period_start: datetime
     period_end: datetime
     kind: CostKind
-    project: str
+    project: str | None
     job_id: str | None
     policy: str
     pool: str
@@ -66,6 +68,7 @@ class CostLine:
     cost_micros: int
     onprem_equiv_micros: int = 0
     final: bool = False
+    user: str | None = None
 
     @property
     def day(self) -> str:

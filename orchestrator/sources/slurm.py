@@ -5,7 +5,8 @@ partition when unset) of the cluster its ``queue.slurm_conf`` names. Per pool it
 
 * pending jobs that ask for GPUs and wait for capacity, as :class:`~orchestrator.domain.jobs.Job`:
   GPUs from ``tres_per_node`` x nodes (or ``tres_per_job``, or ``tres_per_task`` x tasks), the
-  account (else the QOS, else the user) as project, Slurm's priority, submit time and time limit.
+  account (else the QOS; with neither, no project: ``None``, never the user's name) as project,
+  Slurm's ``user_name`` as user, Slurm's priority, submit time and time limit.
   Only reasons that more nodes would cure count (:data:`UNMET_REASONS`: ``Resources``, ``Priority``
   for the jobs queued behind the first blocked one, ``ReqNodeNotAvail``, and ``None`` for jobs the
   scheduler has not looked at yet); held jobs, dependencies and limits do not. A pending array
@@ -23,8 +24,8 @@ Each observation also records the runs of Slurm jobs on burst nodes in the store
 (or seen finished) on a burst node's Slurm name is a run keyed by (cluster, job id, burst node,
 start time), so a requeued job that starts again gets a new run; runs of the cluster no longer seen
 running are closed. A job's GPUs on a node are its ``tres_per_node`` GPUs (else its allocated
-``gres_detail`` on that node, else its GPUs spread over its nodes); its project is its account,
-else its QOS, else its user, as for pending jobs.
+``gres_detail`` on that node, else its GPUs spread over its nodes); its project and user are
+found as for pending jobs.
 """
 
 from __future__ import annotations
@@ -108,9 +109,17 @@ def slurm_scope(policy: Policy) -> str:
     return f"slurm:{hashlib.sha256(conf.encode()).hexdigest()[:16]}"
 
 
-def job_project(job: dict[str, Any]) -> str:
-    """Who a job's GPUs are for: its account, else its QOS, else its user."""
-    return str(job.get("account") or job.get("qos") or job.get("user_name") or "default")
+def job_project(job: dict[str, Any]) -> str | None:
+    """Who a job's GPUs are for: its account, else its QOS; None with neither (a job of no
+    project: its user is not a project, so it is not counted as one)."""
+    project = job.get("account") or job.get("qos")
+    return str(project) if project else None
+
+
+def job_user(job: dict[str, Any]) -> str | None:
+    """Who submitted the job: Slurm's ``user_name`` (None when squeue does not say)."""
+    user = job.get("user_name")
+    return str(user) if user else None
 
 
 def job_gpus(job: dict[str, Any]) -> int:
@@ -159,7 +168,7 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
         gpus = job_gpus(job)
         if gpus <= 0:
             continue  # CPU-only work: bursting GPU nodes would not help it
-        project = job_project(job)
+        project, user = job_project(job), job_user(job)
         limit = job.get("time_limit")
         duration = None
         if isinstance(limit, int) and 0 < limit < INFINITE_MINUTES:
@@ -170,9 +179,9 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
         for index in range(tasks):
             out.append(Job(
                 id=base_id if tasks == 1 else f"{base_id}_{index}",
-                project=str(project), pool=pool, gpus=gpus, submitted_at=submitted,
+                project=project, pool=pool, gpus=gpus, submitted_at=submitted,
                 priority=int(job.get("priority") or 0), duration_s=duration,
-                state=JobState.PENDING))
+                state=JobState.PENDING, user=user))
     return out
 
 
@@ -213,7 +222,8 @@ def observed_runs(jobs: Iterable[dict[str, Any]], scope: str, members: Mapping[s
             job_id = str(job.get("job_id"))
             runs.append(JobRun(
                 run_key=slurm_run_key(scope, job_id, node_id, start), job_id=job_id,
-                project=job_project(job), node_id=node_id, gpus=gpus, started_at=start,
+                project=job_project(job), user=job_user(job), node_id=node_id, gpus=gpus,
+                started_at=start,
                 ended_at=end, outcome=state.lower() if finished else None,
                 source=RunSource.SLURM))
     return runs

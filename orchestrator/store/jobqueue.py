@@ -80,6 +80,7 @@ def _job_from_row(row: sa.Row[Any]) -> JobRecord:
         exit_code=m["exit_code"],
         attempts=m["attempts"],
         version=m["version"],
+        user=m["user"],
     )
 
 
@@ -96,12 +97,14 @@ class JobQueue(StoreBase):
         command: str | None,
         submitted_at: datetime,
         job_id: str | None = None,
+        user: str | None = None,
     ) -> JobRecord:
         """Queue a new job (PENDING) and return its record with a fresh id.
 
         With ``job_id`` (a client's idempotency key made into an id) the submission is
         idempotent: if that job exists already with the same fields it is returned as it is now
         (``JobExists``'s job), and with other fields :class:`JobIdConflict` is raised.
+        ``user``: who submits it (None: not known).
         """
         if gpus < 1:
             raise ValueError(f"a job needs at least one GPU, got {gpus}")
@@ -111,7 +114,7 @@ class JobQueue(StoreBase):
                 id=job_id, project=project, pool=pool, gpus=gpus, priority=priority,
                 duration_s=duration_s, command=command, state=JobState.PENDING, placement=None,
                 node_id=None, submitted_at=submitted_at, started_at=None, finished_at=None,
-                exit_code=None, attempts=0, version=0,
+                exit_code=None, attempts=0, version=0, user=user,
             )
             with self._write() as conn:
                 stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
@@ -120,8 +123,8 @@ class JobQueue(StoreBase):
                 row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
             existing = _job_from_row(row)
             same = (existing.project, existing.pool, existing.gpus, existing.priority,
-                    existing.duration_s, existing.command) == (
-                    project, pool, gpus, priority, duration_s, command)
+                    existing.duration_s, existing.command, existing.user) == (
+                    project, pool, gpus, priority, duration_s, command, user)
             if not same:
                 raise JobIdConflict(f"job {job_id} exists with other fields")
             raise JobExists(existing)
@@ -133,7 +136,7 @@ class JobQueue(StoreBase):
                     id=new_job_id(), project=project, pool=pool, gpus=gpus, priority=priority,
                     duration_s=duration_s, command=command, state=JobState.PENDING,
                     placement=None, node_id=None, submitted_at=submitted_at, started_at=None,
-                    finished_at=None, exit_code=None, attempts=0, version=0,
+                    finished_at=None, exit_code=None, attempts=0, version=0, user=user,
                 )
                 stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
                 if conn.execute(stmt).rowcount == 1:
@@ -301,7 +304,7 @@ class JobQueue(StoreBase):
                 assert new.node_id is not None and new.started_at is not None
                 open_run(conn, self._insert(T.job_runs), JobRun(
                     run_key=builtin_run_key(new.id, new.attempts), job_id=new.id,
-                    project=new.project, node_id=new.node_id, gpus=new.gpus,
+                    project=new.project, user=new.user, node_id=new.node_id, gpus=new.gpus,
                     started_at=new.started_at))
         return new if won else None
 
@@ -314,6 +317,7 @@ def _job_values(record: JobRecord) -> dict[str, Any]:
     return {
         "id": record.id,
         "project": record.project,
+        "user": record.user,
         "pool": record.pool,
         "gpus": record.gpus,
         "priority": record.priority,

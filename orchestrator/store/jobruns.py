@@ -66,16 +66,18 @@ class JobRun:
 
     run_key: str
     job_id: str
-    project: str
+    project: str | None  # None: a job of no project
     node_id: str
     gpus: int
     started_at: datetime
     ended_at: datetime | None = None
     outcome: str | None = None
     source: RunSource = RunSource.BUILTIN
+    user: str | None = None  # who submitted the job; None: not known
 
     def usage(self) -> JobUsage:
-        return JobUsage(self.job_id, self.project, self.gpus, self.started_at, self.ended_at)
+        return JobUsage(self.job_id, self.project, self.gpus, self.started_at, self.ended_at,
+                        self.user)
 
 
 def builtin_run_key(job_id: str, attempt: int) -> str:
@@ -88,7 +90,7 @@ def slurm_run_key(scope: str, job_id: str, node_id: str, started_at: datetime) -
 
 def _values(run: JobRun) -> dict[str, Any]:
     return {
-        "run_key": run.run_key, "job_id": run.job_id, "project": run.project,
+        "run_key": run.run_key, "job_id": run.job_id, "project": run.project, "user": run.user,
         "node_id": run.node_id, "gpus": run.gpus,
         "started_at": require_aware(run.started_at, "started_at"),
         "ended_at": None if run.ended_at is None else require_aware(run.ended_at, "ended_at"),
@@ -100,7 +102,8 @@ def _run_from_row(row: sa.Row[Any]) -> JobRun:
     m = row._mapping
     return JobRun(run_key=m["run_key"], job_id=m["job_id"], project=m["project"],
                   node_id=m["node_id"], gpus=m["gpus"], started_at=m["started_at"],
-                  ended_at=m["ended_at"], outcome=m["outcome"], source=RunSource(m["source"]))
+                  ended_at=m["ended_at"], outcome=m["outcome"], source=RunSource(m["source"]),
+                  user=m["user"])
 
 
 def open_run(conn: Connection, insert: Any, run: JobRun) -> bool:

@@ -48,6 +48,7 @@ def _key(column: sa.ColumnElement[Any], missing: str = "") -> sa.ColumnElement[A
 # Report keys -> what they group by (lines without a node or job show "-").
 GROUP_COLUMNS: dict[str, sa.ColumnElement[Any]] = {
     "project": _c.project,
+    "user": _c.user,
     "pool": _key(_c.pool),
     "policy": _key(_c.policy),
     "provider": _key(_c.provider),
@@ -62,7 +63,7 @@ GROUP_COLUMNS: dict[str, sa.ColumnElement[Any]] = {
 _LINE_FIELDS = (
     "line_key", "subject", "node_id", "period_start", "period_end", "kind", "project", "job_id",
     "policy", "pool", "provider", "region", "instance_type", "market", "price_usd_hour",
-    "instance_seconds", "gpu_seconds", "cost_micros", "onprem_equiv_micros", "final",
+    "instance_seconds", "gpu_seconds", "cost_micros", "onprem_equiv_micros", "final", "user",
 )
 
 
@@ -93,7 +94,7 @@ class LedgerNode:
 class CostSums:
     """Sums of the cost lines of one group (money in micro-dollars)."""
 
-    keys: tuple[str, ...]
+    keys: tuple[str | None, ...]  # None: lines of no project, or of no (known) user
     cost_micros: int  # burst (cloud) lines: usage, idle, minimum
     idle_micros: int
     onprem_micros: int
@@ -203,7 +204,7 @@ class Ledger(StoreBase):
         """Per pool, the jobs that ran on-prem and had not finished by ``since`` (None: all)."""
         c = T.jobs.c
         query = (
-            sa.select(c.id, c.project, c.gpus, c.started_at, c.finished_at, c.pool)
+            sa.select(c.id, c.project, c.user, c.gpus, c.started_at, c.finished_at, c.pool)
             .where(c.placement == Placement.ONPREM.value, c.started_at.is_not(None),
                    c.pool.in_(sorted(pools)))
         )
@@ -214,7 +215,7 @@ class Ledger(StoreBase):
         with self._read() as conn:
             for r in conn.execute(query):
                 out.setdefault(r.pool, []).append(
-                    JobUsage(r.id, r.project, r.gpus, r.started_at, r.finished_at))
+                    JobUsage(r.id, r.project, r.gpus, r.started_at, r.finished_at, r.user))
         return out
 
     # -- lines -------------------------------------------------------------------------------------
@@ -298,15 +299,18 @@ class Ledger(StoreBase):
 
     def cost_sums(self, group_by: Sequence[str], *, since: datetime | None = None,
                   until: datetime | None = None, projects: Collection[str] | None = None,
-                  pool: str | None = None) -> list[CostSums]:
+                  pool: str | None = None, users: Collection[str] | None = None
+                  ) -> list[CostSums]:
         """Sums of the lines whose bucket starts in [since, until), grouped by ``group_by`` (keys
-        of :data:`GROUP_COLUMNS`; none: one group of everything), ordered by the keys.
-        ``projects``: only these (None: every project)."""
+        of :data:`GROUP_COLUMNS`; none: one group of everything), ordered by the keys (a key of
+        None, lines of no project or user, after the named ones). ``projects``: only these
+        (None: every project); ``users``: only lines of these users (None: everyone's). An
+        unknown name matches nothing: no groups, not an error."""
         unknown = [k for k in group_by if k not in GROUP_COLUMNS]
         if unknown:
             raise ValueError(f"group_by: unknown key(s) {unknown}; choose from "
                              f"{', '.join(GROUP_COLUMNS)}")
-        if projects is not None and not projects:
+        if (projects is not None and not projects) or (users is not None and not users):
             return []
         burst = _c.kind != CostKind.ONPREM.value
         keys = [GROUP_COLUMNS[k].label(f"k{i}") for i, k in enumerate(group_by)]
@@ -322,6 +326,8 @@ class Ledger(StoreBase):
             sa.func.count().label("lines"),
         )
         query = _window(query, since, until, projects, pool)
+        if users is not None:
+            query = query.where(_c.user.in_(sorted(users)))
         if keys:
             query = query.group_by(*[sa.literal_column(str(i + 1)) for i in range(len(keys))])
         with self._read() as conn:
@@ -331,13 +337,14 @@ class Ledger(StoreBase):
             if not keys and not r.lines:
                 continue  # no lines at all: no group
             out.append(CostSums(
-                keys=tuple(str(r[i]) for i in range(len(keys))), cost_micros=int(r.cost or 0),
+                keys=tuple(None if r[i] is None else str(r[i]) for i in range(len(keys))),
+                cost_micros=int(r.cost or 0),
                 idle_micros=int(r.idle or 0), onprem_micros=int(r.onprem or 0),
                 onprem_equiv_micros=int(r.equiv or 0), gpu_seconds=float(r.gpu_s or 0.0),
                 instance_seconds=float(r.inst_s or 0.0), lines=int(r.lines)))
         # Ordered here, by code point: the same order on every database whatever its collation
         # (the order decides ties when cents are allocated).
-        return sorted(out, key=lambda s: s.keys)
+        return sorted(out, key=lambda s: key_order(s.keys))
 
     def ledger_cost_micros(self, *, since: datetime, until: datetime, pool: str | None = None,
                            project: str | None = None) -> int:
@@ -395,6 +402,11 @@ class Ledger(StoreBase):
             return [float(p) for p in conn.execute(query).scalars()]
 
 
+def key_order(keys: Sequence[str | None]) -> tuple[tuple[bool, str], ...]:
+    """Sort key of a group's keys: by code point, a None (no project, no user) after the names."""
+    return tuple((k is None, k or "") for k in keys)
+
+
 def _window(query: Any, since: datetime | None, until: datetime | None,
             projects: Collection[str] | None, pool: str | None) -> Any:
     if since is not None:
@@ -446,4 +458,5 @@ def _diff(conn: Connection, subject: str, since: datetime, wanted: dict[str, Cos
     return stale, changed, move_mark
 
 
-__all__ = ["GROUP_COLUMNS", "ONPREM_SUBJECT", "AccrualNode", "CostSums", "Ledger", "LedgerNode"]
+__all__ = ["GROUP_COLUMNS", "ONPREM_SUBJECT", "AccrualNode", "CostSums", "Ledger", "LedgerNode",
+           "key_order"]

@@ -32,6 +32,7 @@ class JobRecord:
     exit_code: int | None
     attempts: int = 0
     version: int = 0
+    user: str | None = None  # who submitted it; None: not recorded (jobs queued before users were)
 
     def to_domain(self) -> Job:
         return Job(
@@ -43,4 +44,5 @@ class JobRecord:
             priority=self.priority,
             duration_s=self.duration_s,
             state=self.state,
+            user=self.user,
         )

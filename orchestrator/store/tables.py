@@ -180,6 +180,8 @@ class JobRow(Base):
 
     id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
     project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    # Who submitted it; NULL: not known (queued before burst recorded users).
+    user: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
     pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
     gpus: Mapped[int] = mapped_column(sa.Integer)
     priority: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
@@ -209,7 +211,10 @@ class JobRunRow(Base):
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
     run_key: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
     job_id: Mapped[str] = mapped_column(sa.String(STR_ID), index=True)
-    project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    # NULL project: a job of no project (Slurm: neither account nor QOS); NULL user: not known
+    # (a run recorded before burst kept users, or a queue that does not say).
+    project: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    user: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
     node_id: Mapped[str] = mapped_column(sa.String(STR_ID), index=True)
     gpus: Mapped[int] = mapped_column(sa.Integer)
     started_at: Mapped[datetime]
@@ -278,6 +283,8 @@ class CostLineRow(Base):
                  "onprem_equiv_micros", "gpu_seconds", "instance_seconds", "period_start"),
         sa.Index("ix_cost_lines_pool_period_start_kind_cost_micros", "pool", "period_start", "kind",
                  "cost_micros"),
+        # Reports filtered or grouped by user.
+        sa.Index("ix_cost_lines_user_day", "user", "day"),
     )
 
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
@@ -289,7 +296,11 @@ class CostLineRow(Base):
     period_end: Mapped[datetime]
     day: Mapped[str] = mapped_column(sa.String(10))  # UTC date of period_start, YYYY-MM-DD
     kind: Mapped[str] = mapped_column(sa.String(16))
-    project: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    # NULL project: usage or on-prem work of a job of no project (idle and minimum lines of a node
+    # launched for no project say "-"); NULL user: a line of no job, a job whose user is not known,
+    # or a line rolled up before burst kept users.
+    project: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    user: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
     job_id: Mapped[str | None] = mapped_column(sa.String(STR_ID))
     policy: Mapped[str] = mapped_column(sa.String(STR_NAME))
     pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
@@ -326,6 +337,9 @@ class ApiTokenRow(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(STR_KEY), unique=True)
     role: Mapped[str] = mapped_column(sa.String(32))
     projects: Mapped[dict[str, Any]]  # {"projects": [...]}: the projects a scoped role may see
+    # The identity the token acts as (a user name): the user of the jobs it submits. NULL: none
+    # (tokens created before subjects existed, or service tokens).
+    subject: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
     description: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]

@@ -8,6 +8,9 @@ copy of the database lets nobody call the API. Each token has one :class:`Role`:
 * ``viewer``: read routes, rows of its named projects only;
 * ``submitter``: what a viewer may, plus submitting jobs for its named projects.
 
+A token may name a ``subject``: the user it acts as. Jobs it submits carry that user, and a
+submitter token may not submit for another user (an admin's may).
+
 A token may expire; revoking one is immediate and idempotent. ``last_used_at`` is refreshed at
 most once a minute per token, so reading the API does not turn every request into a write.
 Times are passed in, never read from a clock.
@@ -27,6 +30,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from orchestrator.domain.jobs import check_user
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 
@@ -70,6 +74,7 @@ class ApiToken:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    subject: str | None = None  # the user the token acts as; None: none named
 
     @property
     def scope(self) -> frozenset[str] | None:
@@ -91,7 +96,7 @@ class ApiToken:
     def as_json(self, now: datetime | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.id, "role": str(self.role), "projects": list(self.projects),
-            "description": self.description, "created_at": _iso(self.created_at),
+            "subject": self.subject, "description": self.description, "created_at": _iso(self.created_at),
             "expires_at": _iso(self.expires_at), "revoked_at": _iso(self.revoked_at),
             "last_used_at": _iso(self.last_used_at),
         }
@@ -134,6 +139,7 @@ def _token_from_row(row: sa.Row[Any]) -> ApiToken:
         id=m["id"], role=Role(m["role"]), projects=tuple(projects),
         description=m["description"] or "", created_at=m["created_at"],
         expires_at=m["expires_at"], revoked_at=m["revoked_at"], last_used_at=m["last_used_at"],
+        subject=m["subject"],
     )
 
 
@@ -148,9 +154,16 @@ class ApiTokens(StoreBase):
         created_at: datetime,
         expires_at: datetime | None = None,
         description: str = "",
+        subject: str | None = None,
     ) -> tuple[str, ApiToken]:
-        """Issue a token: (its secret, shown once; its record). ValueError naming a bad field."""
+        """Issue a token: (its secret, shown once; its record). ValueError naming a bad field.
+        ``subject``: the user it acts as (None: none)."""
         role, names = validate_scope(role, projects)
+        if subject is not None:
+            try:
+                check_user(subject)
+            except ValueError as exc:
+                raise ValueError(f"user: {exc}") from None
         require_aware(created_at, "created_at")
         if expires_at is not None:
             require_aware(expires_at, "expires_at")
@@ -166,11 +179,11 @@ class ApiTokens(StoreBase):
                 record = ApiToken(
                     id=TOKEN_ID_PREFIX + secrets.token_hex(4), role=role, projects=names,
                     description=description, created_at=created_at, expires_at=expires_at,
-                    revoked_at=None, last_used_at=None,
+                    revoked_at=None, last_used_at=None, subject=subject,
                 )
                 stmt = self._insert(T.api_tokens).values(
                     id=record.id, token_hash=hash_api_token(secret), role=role.value,
-                    projects={"projects": list(names)}, description=description,
+                    projects={"projects": list(names)}, description=description, subject=subject,
                     created_at=created_at, expires_at=expires_at,
                 ).on_conflict_do_nothing()
                 if conn.execute(stmt).rowcount == 1:

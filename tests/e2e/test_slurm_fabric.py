@@ -182,7 +182,11 @@ def test_slurm_jobs_burst_onto_joined_nodes_and_drain_without_losing_work(slurm,
         # Read from squeue/sinfo: 4-GPU jobs beyond the 8 on-prem GPUs (the two fill jobs may still
         # be pending on the first look; on-prem absorbs them): 12 GPUs only burst nodes can serve.
         assert first.inputs["queue_observed"] and first.inputs["pending_gpus"] in (12, 20)
-        assert first.inputs["unmet_gpus"] == 12 and first.inputs["unmet_gpus_by_project"] == {"root": 12}
+        # The jobs have no account or QOS: no project (not their user's name), and root's.
+        assert first.inputs["unmet_gpus"] == 12
+        assert first.inputs["unmet_gpus_by_project"] == {"(no project)": 12}
+        assert [(o["project"], o["user"], o["gpus"]) for o in first.inputs["unmet_by_owner"]] == [
+            (None, "root", 12)]
         assert len(first.actions) == 3, first.actions  # three nodes at once
         assert len(nodes) >= 3
         ready_at = sorted(e.at for n in nodes for e in events_of(runtime, n.id)

@@ -168,7 +168,8 @@ def test_slurm_jobs_on_a_burst_node_are_billed_and_shrink_its_idle(store: Store)
     assert pools["gpu"].running_burst_jobs == 2  # the queue view is unchanged
     runs = {r.job_id: r for r in store.job_runs(source=RunSource.SLURM)}
     assert sorted(runs) == ["11", "12", "9"]  # 13 runs on-prem; the others never started here
-    assert (runs["11"].node_id, runs["11"].gpus, runs["11"].project) == ("b1", 2, "root")
+    assert (runs["11"].node_id, runs["11"].gpus, runs["11"].project, runs["11"].user) == (
+        "b1", 2, None, "root")  # no account nor QOS: no project, not the user's name
     assert (runs["11"].started_at, runs["11"].ended_at, runs["11"].outcome) == (start, None, None)
     assert (runs["9"].gpus, runs["9"].ended_at, runs["9"].outcome) == (
         4, epoch(9, "end_time"), "cancelled")

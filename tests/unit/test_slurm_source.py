@@ -58,7 +58,9 @@ def test_pending_jobs_count_only_demand_that_more_nodes_would_serve():
     assert got["14"].gpus == 4 and got["14"].project == "research"
     assert got["14"].duration_s == 60 * 60
     assert got["15"].gpus == 8 and got["15"].project == "physics"  # 2 nodes x gpu:4
-    assert got["16_2"].gpus == 1 and got["16_2"].project == "root"  # no account: the user
+    # Neither account nor QOS: no project (never the user's name), and the user is Slurm's.
+    assert got["16_2"].gpus == 1 and got["16_2"].project is None
+    assert got["16_2"].user == "root" and got["14"].user == "root"
     assert got["20"].gpus == 2  # --gpus-per-task=1 -n 2
     assert got["21"].gpus == 3 and got["21"].duration_s == 24 * 3600  # --gpus=3, -t 1-00:00:00
     assert got["15"].duration_s is None  # no time limit
