@@ -158,7 +158,8 @@ def ledger_families(runtime: Runtime) -> Iterator[Metric]:
                                "hour provisional).", labels=["provider", "project"])
     for sums in runtime.store.cost_sums(["provider", "project"]):
         if sums.cost_micros:
-            cost.add_metric(list(sums.keys), sums.cost_micros / 1_000_000)
+            # A label of no project is empty (as the budget families' project is).
+            cost.add_metric([k or "" for k in sums.keys], sums.cost_micros / 1_000_000)
     yield cost
 
     tenures = CounterMetricFamily("burst_leader_tenures", "Leaders a scope has had (its fencing "
