@@ -21,11 +21,13 @@ from orchestrator.api.problems import Problem
 from orchestrator.domain.jobs import JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason, Drain
+from orchestrator.domain.utilisation import GpuUse, node_reading
 from orchestrator.fabric.slurm import FabricJoinError
 from orchestrator.fabric.tokens import new_credential, token_hash
 from orchestrator.sources.slurm_cli import SlurmError
 from orchestrator.lifecycle import transition
 from orchestrator.policy.bounds import MAX_GPUS_PER_NODE
+from orchestrator.policy.models import UtilisationRules
 from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.wiring import Runtime
 
@@ -60,6 +62,29 @@ class RegisterIn(BaseModel):
     gpu_source: str | None = _text(32)
 
 
+MAX_MIB = 10**8  # 100 TiB: no GPU has more memory
+
+
+class GpuReadingIn(BaseModel):
+    """One GPU's reading in a heartbeat (null: the device did not say)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    index: int = Field(ge=0, le=1023)
+    utilisation_percent: float | None = Field(default=None, ge=0, le=100, allow_inf_nan=False)
+    memory_used_mib: float | None = Field(default=None, ge=0, le=MAX_MIB, allow_inf_nan=False)
+    memory_total_mib: float | None = Field(default=None, ge=0, le=MAX_MIB, allow_inf_nan=False)
+    job_id: JobIdField | None = None  # the run holding this GPU (null: unallocated)
+
+
+class GpuUsageIn(BaseModel):
+    """A heartbeat's GPU readings (orchestrator.fabric.gpu_sampler); absent: unknown."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    source: str = Field(pattern="^(nvml|nvidia-smi)$")
+    interval_s: float = Field(ge=0, le=300, allow_inf_nan=False)  # what each reading stands for
+    gpus: list[GpuReadingIn] = Field(max_length=MAX_GPUS_PER_NODE)
+
+
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)  # "gpus": "1" or true is a 422
     node_id: NodeIdField
@@ -69,6 +94,7 @@ class HeartbeatIn(BaseModel):
     fabric_error: str | None = _text(2000)
     notice: dict | None = None  # {source, action, deadline}: a spot/preemption notice
     drain_report: dict | None = None
+    gpu_usage: GpuUsageIn | None = None
 
 
 class NextIn(BaseModel):
@@ -150,6 +176,21 @@ def _fabric_events(runtime: Runtime, node: Node, body: HeartbeatIn, now: datetim
         runtime.executor.run([Drain(node.id, ActionReason.SPOT_NOTICE, deadline)])
         return runtime.store.get_node(node.id)
     return None
+
+
+def _record_gpu_usage(runtime: Runtime, node: Node, usage: GpuUsageIn | None,
+                      now: datetime) -> dict:
+    """Fold a heartbeat's GPU readings into the usage aggregates; the node's new utilisation
+    fields. No readings: the node's use is unknown now (None), never 0, and not low."""
+    if usage is None:
+        return {"gpu_utilisation_percent": None, "low_utilisation_since": None}
+    policy = runtime.policies.get(node.policy)
+    below = policy.utilisation.idle_below_percent if policy else UtilisationRules().idle_below_percent
+    uses = [GpuUse(g.index, g.utilisation_percent, g.memory_used_mib, g.memory_total_mib,
+                   g.job_id) for g in usage.gpus]
+    runtime.store.record_gpu_readings(node, now, usage.interval_s, uses, below_percent=below)
+    current, low_since = node_reading(uses, below, node.low_utilisation_since, now)
+    return {"gpu_utilisation_percent": current, "low_utilisation_since": low_since}
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -254,6 +295,7 @@ def router(runtime: Runtime) -> APIRouter:
         node = _authorised(runtime, body.node_id, authorization)
         now = runtime.clock.now()
         changes: dict = {"last_heartbeat": now}
+        changes.update(_record_gpu_usage(runtime, node, body.gpu_usage, now))
         if body.status == "released" and node.state is NodeState.DRAINING:
             changes["released"] = True
             if body.drain_report:

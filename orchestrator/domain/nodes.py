@@ -104,6 +104,11 @@ class Node:
     # Budget committed at launch (USD): price x billed expected lifetime, see
     # orchestrator.planner.budgets. Budgets count what of it is not yet spent.
     budget_commit_usd: float = 0.0
+    # Measured GPU use (orchestrator.domain.utilisation): the mean utilisation of the last
+    # reading of its GPUs (those a job holds, else all; None: unknown, never 0) and since when
+    # its allocated GPUs sit under utilisation.idle_below_percent (None: not low, or unknown).
+    gpu_utilisation_percent: float | None = None
+    low_utilisation_since: datetime | None = None
 
     @property
     def gpus_free(self) -> int:

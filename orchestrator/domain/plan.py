@@ -35,6 +35,9 @@ class ActionReason(StrEnum):
     DEMAND = "demand"  # unmet pending GPU demand
     MIN_NODES = "min-nodes"  # keeping the policy's min_nodes
     IDLE = "idle"  # ran nothing for scale_down.idle_for
+    # its jobs' GPUs measured under utilisation.idle_below_percent for utilisation.idle_for, and
+    # the policy counts that as idle (scale_down.count_low_utilisation_as_idle)
+    LOW_UTILISATION = "low-utilisation"
     DRAINED = "drained"  # drain finished: node released by the fabric
     DRAIN_DEADLINE = "drain-deadline"  # drain grace expired
     OVER_LIMIT = "over-limit"  # more nodes than max_nodes (policy lowered)

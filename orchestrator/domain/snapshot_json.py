@@ -105,6 +105,7 @@ _BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
     (PoolQueue, "running_burst_jobs"): (0, bounds.MAX_COUNT),
     (Node, "gpus"): (0, bounds.MAX_GPUS_PER_NODE),
     (Node, "gpus_busy"): (0, bounds.MAX_GPUS_PER_NODE),
+    (Node, "gpu_utilisation_percent"): (0, 100),
     (Node, "price_usd_hour"): (0, bounds.MAX_PRICE_USD_HOUR),
     (Node, "running_jobs"): (0, bounds.MAX_COUNT),
     (Node, "launch_attempts"): (0, bounds.MAX_COUNT),

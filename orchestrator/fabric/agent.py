@@ -19,11 +19,15 @@ HTTP contract with the controller (JSON bodies; every call after registration ca
   (:mod:`orchestrator.fabric.slurm_node`, :mod:`orchestrator.fabric.torch_node`); ``notice``
   (null: none) where to poll for spot/preemption notices (:mod:`orchestrator.fabric.node_facts`).
 * ``POST /v1/agent/heartbeat`` ``{node_id, status: idle|busy|released, job_id, fabric_state,
-  notice, drain_report}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs,
+  notice, drain_report, gpu_usage}`` -> 200 ``{drain, deadline (ISO 8601 or null), respect_running_jobs,
   stop_job}``; 401/403: revoked. ``stop_job`` names the running job when a user cancelled it or
   it has ended meanwhile through another run (the agent stops it: SIGTERM to its group, then
   SIGKILL, and reports it handed back). ``fabric_state`` (joining|joined|draining|released|failed) is sent by nodes
-  of a joined fabric; ``notice`` once a spot notice arrived; ``drain_report`` with ``released``.
+  of a joined fabric; ``notice`` once a spot notice arrived; ``drain_report`` with ``released``;
+  ``gpu_usage`` ``{source: nvml|nvidia-smi, interval_s, gpus: [{index, utilisation_percent,
+  memory_used_mib, memory_total_mib, job_id}]}`` every heartbeat where the GPUs can be read
+  (:mod:`orchestrator.fabric.gpu_sampler`; absent: unknown), ``job_id`` naming the run holding
+  that GPU (its ``CUDA_VISIBLE_DEVICES``), each reading standing for ``interval_s`` seconds.
 * ``POST /v1/agent/jobs/next`` ``{node_id, free_gpus}``
   -> 200 ``{job: {id, command, duration_s, gpus, attempt}}`` or 204 when there is nothing to run.
 * ``POST /v1/agent/jobs/{id}/finish`` ``{node_id, outcome: done|failed|handed-back, exit_code,
@@ -91,6 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
+from orchestrator.fabric.gpu_sampler import GuardedSampler, choose_sampler
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
 from orchestrator.fabric.results import (
     ResultBox,
@@ -145,6 +150,8 @@ RELEASE_PATIENCE_S = 30.0
 DEAD_MAN_GRACE_S = 30.0  # the dead-man switch's checkpoint grace: SIGTERM, this long, SIGKILL
 SELF_TERMINATE_TIMEOUT_S = 60.0
 POLL_S = 0.1  # longest the loop sleeps without looking at the signal flag
+USAGE_INTERVAL_MAX_S = 60.0  # a GPU reading stands for at most this long (gaps stay unmeasured)
+MAX_GPU_READINGS = 64  # the controller takes no more per heartbeat (a node's GPUs)
 
 log = logging.getLogger("burst.agent")
 
@@ -377,6 +384,7 @@ class Agent:
         *,
         controller: Controller | None = None,
         secrets: list[str] | None = None,
+        sampler: GuardedSampler | None = None,
     ):
         self.boot = boot
         # Shared with the log filter: the credential joins the redacted strings once issued.
@@ -406,6 +414,9 @@ class Agent:
         self._report_failures = 0
         self._reports_due = 0.0  # monotonic time of the next report attempt
         self._last_answer = time.monotonic()
+        # GPU readings sent with each heartbeat (None: chosen when the agent runs).
+        self.gpu_sampler = sampler
+        self._last_reading: float | None = None  # monotonic time of the previous reading
 
     # -- signals ------------------------------------------------------------------------------
 
@@ -431,6 +442,8 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> int:
+        if self.gpu_sampler is None:
+            self.gpu_sampler = GuardedSampler(*choose_sampler())
         session = load_session(self.work_dir, self.boot.node_id)
         if session is not None:
             code = self._resume(session)
@@ -645,6 +658,9 @@ class Agent:
                 payload["drain_report"] = self.member.report.as_dict()
         if self.notices is not None and self.notices.notice is not None:
             payload["notice"] = self.notices.notice.as_dict()
+        usage = self._gpu_usage()
+        if usage is not None:
+            payload["gpu_usage"] = usage
         try:
             answer = self.api.post(
                 "/v1/agent/heartbeat", payload, timeout_s=HEARTBEAT_REQUEST_TIMEOUT_S
@@ -666,6 +682,36 @@ class Agent:
             self._apply_drain(answer.body)
             self._apply_stop(answer.body.get("stop_job"))
         return answer
+
+    def _held_gpus(self, spec: JobSpec) -> list[int]:
+        """The GPU indices a run holds (its CUDA_VISIBLE_DEVICES): the node's first ``gpus``
+        GPUs, as the agent runs one job at a time."""
+        indices = sorted(int(g["index"]) for g in (self.inventory.gpus if self.inventory else ())
+                         if isinstance(g.get("index"), int))
+        if len(indices) < spec.gpus:
+            indices = list(range(spec.gpus))
+        return indices[: max(spec.gpus, 0)]
+
+    def _gpu_usage(self) -> dict[str, Any] | None:
+        """This heartbeat's GPU readings, each naming the job holding that GPU; None when
+        nothing can be measured (no GPU, no NVML, no nvidia-smi, or the reader failed)."""
+        if self.gpu_sampler is None:
+            return None
+        readings = self.gpu_sampler.read()
+        now = time.monotonic()
+        previous, self._last_reading = self._last_reading, now
+        if readings is None:
+            return None
+        interval = self.heartbeat_s if previous is None else now - previous
+        held: dict[int, str] = {}
+        job = self.job
+        if job is not None and not job.ended:
+            held = {index: job.spec.id for index in self._held_gpus(job.spec)}
+        return {
+            "source": self.gpu_sampler.source,
+            "interval_s": round(min(max(interval, 0.0), USAGE_INTERVAL_MAX_S), 3),
+            "gpus": [r.as_json(held.get(r.index)) for r in readings[:MAX_GPU_READINGS]],
+        }
 
     def _apply_drain(self, body: dict[str, Any]) -> None:
         drain = bool(body.get("drain"))
@@ -747,6 +793,9 @@ class Agent:
         env.update(
             BURST_JOB_ID=spec.id, BURST_NODE_ID=self.boot.node_id, BURST_JOB_GPUS=str(spec.gpus)
         )
+        if spec.gpus > 0:
+            # The GPUs this run holds: what its readings are attributed to.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self._held_gpus(spec))
         return env
 
     def _collect_ended_job(self) -> None:

@@ -151,7 +151,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
                                                  floor_gpus=floor, bounded=bounded, census=census))
     budget_drains = _budget_drains(policy, books, nodes, actions, now, did) if books else []
     actions.extend(budget_drains)
-    if any(a for a in actions if getattr(a, "reason", None) is ActionReason.IDLE):
+    if any(a for a in actions if getattr(a, "reason", None) in _SCALE_DOWN_IDLE):
         memory = PolicyMemory(memory.trigger_since, memory.last_launch_at, now)
 
     fired, trigger_text = _trigger(policy, demand, now)
@@ -160,6 +160,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     inputs = _inputs(demand, census, queue is not None, now, trigger_text, held_for)
     if split is not None:
         inputs["wait_aware"] = split.inputs(policy)
+    if census.low_utilisation:
+        inputs["low_utilisation"] = _low_utilisation_inputs(policy, census, actions)
 
     resolved_ = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now)
     candidates, rejected = list(resolved_.candidates), list(resolved_.rejected)
@@ -535,6 +537,23 @@ def _owners(unmet: tuple[Job, ...]) -> tuple[list[dict[str, Any]], int]:
     rows = [{"project": k[0], "user": k[1], "gpus": gpus[k], "jobs": jobs[k]}
             for k in order[:MAX_OWNERS_IN_RECORD]]
     return rows, max(len(order) - MAX_OWNERS_IN_RECORD, 0)
+
+
+_SCALE_DOWN_IDLE = frozenset({ActionReason.IDLE, ActionReason.LOW_UTILISATION})
+
+
+def _low_utilisation_inputs(policy: Policy, census: Census, actions: list[Action]) -> dict:
+    """The ready nodes whose jobs barely use their GPUs (measured), as the decision records
+    them: flagged whether or not the policy counts them as idle for scale-down."""
+    drained = [a.node_id for a in actions
+               if getattr(a, "reason", None) is ActionReason.LOW_UTILISATION]
+    return {
+        "nodes": sorted(n.id for n in census.low_utilisation),
+        "below_percent": policy.utilisation.idle_below_percent,
+        "for_s": policy.utilisation.idle_for.total_seconds(),
+        "counted_as_idle": policy.scale_down.count_low_utilisation_as_idle,
+        "drained": drained,
+    }
 
 
 def _inputs(demand: Demand, fleet: Census, observed: bool, now: datetime, trigger_text: str,

@@ -16,6 +16,7 @@ from datetime import datetime
 from operator import attrgetter
 
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.utilisation import low_utilisation
 from orchestrator.policy.models import Policy
 
 _READY = NodeState.READY
@@ -34,6 +35,9 @@ class Census:
     ready: list[Node] = field(default_factory=list)
     draining: list[Node] = field(default_factory=list)
     idle: list[Node] = field(default_factory=list)  # ready, running nothing for idle_for
+    # ready, running jobs whose GPUs were measured under utilisation.idle_below_percent for
+    # utilisation.idle_for (the snapshot's low_utilisation_since; unknown use is never here)
+    low_utilisation: list[Node] = field(default_factory=list)
     staying: int = 0  # in flight or ready: what min_nodes and a pre-warm floor count
     staying_gpus: int = 0
     # Burst capacity pending jobs may be fitted onto: free GPUs of ready nodes, all GPUs of
@@ -76,6 +80,10 @@ def take_census(nodes: Iterable[Node], policy: Policy, now: datetime | None,
     if now is not None:
         census.idle = [n for n in ready if n.running_jobs == 0 and n.idle_since is not None
                        and now - n.idle_since >= idle_for]
+        low_for = policy.utilisation.idle_for
+        census.low_utilisation = [
+            n for n in ready if n.low_utilisation_since is not None and n.running_jobs > 0
+            and low_utilisation(n.low_utilisation_since, low_for, now)]
     # In snapshot order: the absorption's bins are filled lowest index first.
     burst = ([n for n in live if n.state in _IN_FLIGHT or (n.state is _READY and n.gpus > n.gpus_busy)]
              if in_flight else [n for n in ready if n.gpus > n.gpus_busy])

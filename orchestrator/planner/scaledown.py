@@ -17,6 +17,11 @@ Rules, in order:
    launching.
 4. Ready nodes beyond ``limits.max_nodes`` (the limit was lowered) are drained, idle ones first.
    A hard limit: it wins over a pre-warm floor.
+
+With ``scale_down.count_low_utilisation_as_idle``, a ready node whose jobs' GPUs were measured
+under ``utilisation.idle_below_percent`` for ``utilisation.idle_for`` is drained by rule 3 too,
+after the idle ones and under the same holds, with reason ``low-utilisation`` (its jobs are
+handed back or finish as the drain allows). Unknown use never counts.
 """
 
 from __future__ import annotations
@@ -64,20 +69,27 @@ def plan_scale_down(
     draining_now: set[str] = set()
 
     idle.sort(key=lambda n: (n.idle_since, n.id))
+    low = ([n for n in census.low_utilisation if n.id not in busy_nodes]
+           if policy.scale_down.count_low_utilisation_as_idle else [])
+    low.sort(key=lambda n: (n.low_utilisation_since, n.id))
     if in_cooldown:
         longest = policy.scale_down.idle_for + policy.cooldowns.scale_down
         idle = [n for n in idle
                 if n.id in bounded and n.idle_since is not None and now - n.idle_since >= longest]
-    if idle:
-        for node in idle:
-            if removable <= 0:
-                break
-            if staying_gpus - node.gpus < floor_gpus:
-                continue  # the pre-warm floor still needs it (a smaller idle node may go)
-            staying_gpus -= node.gpus
-            actions.append(Drain(node.id, ActionReason.IDLE, deadline, decision_id=decision_id))
-            draining_now.add(node.id)
-            removable -= 1
+        longest_low = policy.utilisation.idle_for + policy.cooldowns.scale_down
+        low = [n for n in low if n.id in bounded and n.low_utilisation_since is not None
+               and now - n.low_utilisation_since >= longest_low]
+    candidates = [(n, ActionReason.IDLE) for n in idle] + [
+        (n, ActionReason.LOW_UTILISATION) for n in low]
+    for node, reason in candidates:
+        if removable <= 0:
+            break
+        if staying_gpus - node.gpus < floor_gpus:
+            continue  # the pre-warm floor still needs it (a smaller idle node may go)
+        staying_gpus -= node.gpus
+        actions.append(Drain(node.id, reason, deadline, decision_id=decision_id))
+        draining_now.add(node.id)
+        removable -= 1
 
     # Only nodes that are staying count as excess: nodes already draining, terminating or failed
     # are on their way out, as are the ones drained as idle just above. Counting them (all nodes

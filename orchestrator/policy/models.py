@@ -215,9 +215,37 @@ class ScaleDown(PolicyModel):
         description="Wait for running jobs to finish (up to drain_grace); if false, running jobs are "
         "handed back to the queue at once.",
     )
+    count_low_utilisation_as_idle: bool = Field(
+        default=False,
+        description="Also drain a burst node whose allocated GPUs were measured under "
+        "utilisation.idle_below_percent for utilisation.idle_for (its jobs run on but barely use "
+        "them), as if it ran nothing; the decision names it (reason low-utilisation). Nodes "
+        "whose use is unknown are never counted.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScaleDown:
+        if self.idle_for <= timedelta(0):
+            raise field_problem("idle_for", "must be longer than 0s")
+        return self
+
+
+class UtilisationRules(PolicyModel):
+    """When allocated GPUs count as idle, from their measured utilisation (docs/utilisation.md)."""
+
+    idle_below_percent: float = Field(
+        default=5.0, ge=0, le=100,
+        description="A job or burst node whose allocated GPUs' mean measured utilisation stays "
+        "under this percentage is flagged low-utilisation (status, API, metric, decisions).",
+    )
+    idle_for: Duration = Field(
+        default=timedelta(minutes=30),
+        description="How long the utilisation must stay under idle_below_percent before the flag "
+        "is raised; an unknown reading (nothing measurable) clears it.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> UtilisationRules:
         if self.idle_for <= timedelta(0):
             raise field_problem("idle_for", "must be longer than 0s")
         return self
@@ -541,6 +569,9 @@ class Policy(PolicyModel):
     )
     limits: Limits = Field(default_factory=Limits, description="Hard limits.")
     scale_down: ScaleDown = Field(default_factory=ScaleDown, description="Scale-down rules.")
+    utilisation: UtilisationRules = Field(
+        default_factory=UtilisationRules,
+        description="Idle-GPU flags from measured utilisation (see docs/utilisation.md).")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Per-state node timeouts.")
     cooldowns: Cooldowns = Field(default_factory=Cooldowns, description="Anti-flap cooldowns.")
     projects: list[Project] = Field(

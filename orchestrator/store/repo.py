@@ -40,6 +40,7 @@ from orchestrator.store.presence import Presence
 from orchestrator.store.slots import FabricSlots
 from orchestrator.store.telemetry import Telemetry
 from orchestrator.store.tokens import ApiTokens
+from orchestrator.store.usage import Utilisation
 
 # default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
 # re-exported here beside Store.
@@ -109,7 +110,7 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 
 class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Telemetry,
-            FabricSlots, Leases, Presence, Fencing):
+            FabricSlots, Leases, Presence, Utilisation, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

@@ -111,6 +111,11 @@ class NodeRow(Base):
     # Budget committed when the node was launched (minimum billing plus the expected runtime of
     # the work it was launched for, USD): what budgets count until the ledger has accrued it.
     budget_commit_usd: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    # Measured GPU use (orchestrator.domain.utilisation): the mean utilisation of the node's
+    # last reading (NULL: unknown) and since when its allocated GPUs sit under the policy's
+    # utilisation.idle_below_percent (NULL: not low, or unknown).
+    gpu_utilisation_percent: Mapped[float | None] = mapped_column(sa.Float)
+    low_utilisation_since: Mapped[datetime | None]
 
 
 class NodeEventRow(Base):
@@ -406,6 +411,52 @@ class PresenceRow(Base):
     seen_at: Mapped[datetime] = mapped_column(index=True)
 
 
+class JobUsageRow(Base):
+    """Measured GPU use of one job, folded from every reading of its GPUs (never the readings
+    themselves): GPU-seconds sampled, measured (a utilisation was read) and used (weighted by
+    it), a fixed histogram of measured GPU-seconds over 0-100 % for the median, peak memory.
+    ``source`` says where it came from (agent readings, or Slurm accounting for on-prem jobs);
+    ``low_since`` when the job's GPUs went under the idle threshold (NULL: not low/unknown).
+    Allocated GPU-seconds are the job's runs (``job_runs``); see ``store.usage``."""
+
+    __tablename__ = "job_usage"
+
+    job_id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    project: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID))
+    source: Mapped[str] = mapped_column(sa.String(16))
+    first_at: Mapped[datetime]
+    last_at: Mapped[datetime] = mapped_column(index=True)
+    allocated_gpu_s: Mapped[float | None] = mapped_column(sa.Float)  # sacct: elapsed x GPUs
+    sampled_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    measured_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    used_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    histogram: Mapped[list[float] | None] = mapped_column(sa.JSON)
+    peak_memory_mib: Mapped[float | None] = mapped_column(sa.Float)
+    memory_total_mib: Mapped[float | None] = mapped_column(sa.Float)
+    low_since: Mapped[datetime | None]
+
+
+class NodeUsageHourRow(Base):
+    """Measured GPU use of one burst node in one clock hour (UTC): the per-node-hour roll-up.
+    ``gpu_s`` are the node's GPU-seconds sampled, ``allocated_gpu_s`` those held by a job,
+    ``measured_gpu_s``/``used_gpu_s``/``histogram`` as for jobs, over all its GPUs."""
+
+    __tablename__ = "node_usage_hours"
+
+    node_id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True, index=True)
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    provider: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    allocated_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    measured_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    used_gpu_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    histogram: Mapped[list[float] | None] = mapped_column(sa.JSON)
+    peak_memory_mib: Mapped[float | None] = mapped_column(sa.Float)
+
+
 # Core handles for the repository, which issues compare-and-set statements rather than using the
 # unit of work (a flush cannot express "UPDATE ... WHERE version = :old").
 nodes: sa.Table = NodeRow.__table__  # type: ignore[assignment]
@@ -425,3 +476,5 @@ tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
 fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]
 leases: sa.Table = LeaseRow.__table__  # type: ignore[assignment]
 presence: sa.Table = PresenceRow.__table__  # type: ignore[assignment]
+job_usage: sa.Table = JobUsageRow.__table__  # type: ignore[assignment]
+node_usage_hours: sa.Table = NodeUsageHourRow.__table__  # type: ignore[assignment]
