@@ -1,7 +1,7 @@
 """Measured GPU use: per-job aggregates, per-node-hour roll-ups, a node's last utilisation.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 
 Hand-written and frozen like 0001 (no import of the models). Creates ``job_usage`` (one row per
 job: GPU-seconds sampled, measured and used, a fixed histogram, peak memory, where it came from)
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | None = "0008"
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
