@@ -5,7 +5,8 @@ Everything in the Snapshot is a copy taken now; the planner never sees a live ob
 node copies here, so the planner reads one consistent value per node. Operator pool controls
 (paused pools, pre-warm floors still in force) come from the store's ``pool_controls``. Spend per
 budget of the policies (``Snapshot.budget_spend``) comes from the cost ledger
-(:mod:`orchestrator.costs.spend`), for each budget's window at ``now``.
+(:mod:`orchestrator.costs.spend`), for each budget's window at ``now``. A tick hands in the
+built-in queue as on-prem dispatch read it, so the queue is read once per tick.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from orchestrator.domain.snapshot import BudgetSpend, PrewarmRequest, Snapshot
 from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
+from orchestrator.store.queueread import QueueRead
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,12 @@ class Observer:
         return self._catalogue
 
     def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset(),
-                 policies: Iterable[Policy] | None = None) -> Snapshot:
+                 policies: Iterable[Policy] | None = None,
+                 queue_read: QueueRead | None = None) -> Snapshot:
         """The world at ``now``. ``paused_pools`` adds to the pools paused in the store;
-        ``policies`` (default: those the observer was built with) name the budgets to observe."""
+        ``policies`` (default: those the observer was built with) name the budgets to observe;
+        ``queue_read``: the built-in queue as this tick read it already (on-prem dispatch's read,
+        see :meth:`BuiltinQueue.dispatch`), so the queue is read once per tick."""
         controls = self.store.pool_controls()
         paused = frozenset(paused_pools) | {pool for pool, c in controls.items() if c.paused}
         prewarm: dict[str, PrewarmRequest] = {}
@@ -66,12 +71,14 @@ class Observer:
             request = control.prewarm(now)  # None once ``until`` has passed
             if request is not None:
                 prewarm[pool] = request
-        queues = self.queue.observe(now)
+        shared = {} if queue_read is None else {"read": queue_read}
+        queues = self.queue.observe(now, **shared)
         nodes = self.store.nodes()
         usage: dict[str, NodeUsage] = {}
         node_usage = getattr(self.queue, "node_usage", None)
         if node_usage is not None:
-            usage = node_usage([n.id for n in nodes if n.state in (NodeState.READY, NodeState.DRAINING)])
+            usage = node_usage([n.id for n in nodes if n.state in (NodeState.READY, NodeState.DRAINING)],
+                               **shared)
         runs = getattr(self.queue, "burst_runs", None)  # whose work runs on which burst node
         observed = []
         for node in nodes:
@@ -95,7 +102,7 @@ class Observer:
             paused_pools=paused,
             prewarm=prewarm,
             budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
-            burst_runs=runs() if runs is not None else (),
+            burst_runs=runs(**shared) if runs is not None else (),
         )
 
     def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:

@@ -88,17 +88,18 @@ def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
         # The runtime's queue: its lock is shared with the API; writing through ``store`` so a
         # deposed leader's dispatch is refused too.
         queue = rt.queue if store is rt.store else rt.queue.writing_to(store)
-        queue.dispatch_onprem(now)
+        read = queue.dispatch(now)
     else:
         # A fenced store: on-prem dispatch writes jobs, so a deposed leader's must be refused too.
-        BuiltinQueue(store, policies).dispatch_onprem(now)
+        read = BuiltinQueue(store, policies).dispatch(now)
     names = {p.name for p in policies}
     # In process, planning every loaded policy: roll up everything, nodes of policies since
     # removed included. A Celery leader rolls up its own policies' nodes only: the rest is the
     # ``burst.cost.rollup`` task's, under its own lease.
     everything = in_process and names >= set(rt.policies)
     roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
-    snapshot = rt.observer.snapshot(now)
+    # The queue as dispatch read and left it: one read of the queue per tick.
+    snapshot = rt.observer.snapshot(now, queue_read=read)
     result = make_plan(snapshot, policies, now)
     count_decisions(result.decisions)
     return PlanPass(now, snapshot, result, carry_out(result))

@@ -72,7 +72,8 @@ def submit_command(
 
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                    as_json: Annotated[bool, typer.Option("--json", help="Print pools, policies, queue, nodes and capacity blocks as one JSON object.")] = False,
-                   all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False) -> None:
+                   all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False,
+                   limit: Annotated[int, typer.Option("--limit", min=0, help="List at most this many pending jobs, first in service order (the pools' figures count every job).")] = 1000) -> None:
     """Show the queue (and what holds each pending job), on-prem usage, each policy's last
     decision, limits and budgets, and every burst node."""
     from rich.table import Table
@@ -87,11 +88,13 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     policies = load_policies(policy, settings)
     store = open_store(settings)
     now = datetime.now(UTC)
-    queues = BuiltinQueue(store, policies).observe(now)
+    # Figures from grouped counts; only the first --limit pending jobs are read.
+    pools_summary = BuiltinQueue(store, policies).summary()
     nodes = store.nodes(include_terminated=all_nodes)
     busy = store.gpus_busy_by_node()
     blocks = store.capacity_blocks(now)
-    pending = store.jobs(states=[JobState.PENDING])
+    pending = store.jobs(states=[JobState.PENDING], limit=limit)
+    pending_total = sum(q.pending_jobs for q in pools_summary)
     overview, latest = policy_overview(store, policies, now)
     store.close()
     reasons = job_reasons(pending, policies, latest)
@@ -102,15 +105,16 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             "running": loop.alive, "pid": loop.pid, "host": loop.host, "since": loop.started_at,
             "policy_files": [str(p) for p in loop.policy_files]},
         "pools": [{
-            "pool": q.pool, "onprem_gpus": q.onprem.total_gpus,
-            "onprem_gpus_busy": q.onprem.total_gpus - q.onprem.free_gpus,
-            "pending_jobs": len(q.pending), "pending_gpus": sum(j.gpus for j in q.pending),
+            "pool": q.pool, "onprem_gpus": q.onprem_gpus,
+            "onprem_gpus_busy": q.onprem_gpus - q.onprem_free_gpus,
+            "pending_jobs": q.pending_jobs, "pending_gpus": q.pending_gpus,
             "running_onprem_jobs": q.running_onprem_jobs, "running_burst_jobs": q.running_burst_jobs,
-        } for q in queues.values()],
+        } for q in pools_summary],
         "policies": overview,
         "queue": [{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus, "priority": j.priority,
                    "wait_s": round((now - j.submitted_at).total_seconds(), 1),
                    "held_back": reasons[j.id]} for j in pending],
+        "queue_listed": len(pending),
         "nodes": [{
             "id": n.id, "state": str(n.state), "age_s": round((now - n.created_at).total_seconds(), 1),
             "in_state_s": round((now - n.state_since).total_seconds(), 1), "provider": n.provider,
@@ -140,7 +144,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     for table in overview_tables(overview):
         out.print(table)
     if pending:
-        queue = Table(title=f"queue ({len(pending)} pending)")
+        queue = Table(title=f"queue ({pending_total} pending)")
         for col in ("job", "project", "GPUs", "priority", "waiting", "held back by"):
             queue.add_column(col)
         for j in data["queue"][:30]:

@@ -35,6 +35,7 @@ from orchestrator.planner.demand import Bins, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
 from orchestrator.store.jobruns import RunOutcome, builtin_run_key
+from orchestrator.store.queueread import QueueRead
 
 ONPREM_PREFIX = "onprem"
 
@@ -45,11 +46,25 @@ def onprem_node_name(pool: str, index: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
-    """What a burst node is running, as the queue sees it."""
+    """What a burst node is running, as the queue sees it. ``last_busy_at`` (when it last
+    finished a job) is read only for a node running nothing, the one case it matters in."""
 
     gpus_busy: int
     running_jobs: int
     last_busy_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSummary:
+    """A pool's queue in figures (``burst status``)."""
+
+    pool: str
+    onprem_gpus: int
+    onprem_free_gpus: int
+    pending_jobs: int
+    pending_gpus: int
+    running_onprem_jobs: int
+    running_burst_jobs: int
 
 
 class BuiltinQueue:
@@ -68,36 +83,61 @@ class BuiltinQueue:
         return view
 
     # -- observing -------------------------------------------------------------------------
-    def observe(self, now: datetime) -> dict[str, PoolQueue]:
-        """Pending jobs and on-prem capacity of every pool."""
-        pending = self.store.jobs(states=[JobState.PENDING])
-        running = self.store.jobs(states=[JobState.RUNNING])
+    def read(self, now: datetime) -> QueueRead:
+        """The queue now, in one read (:meth:`Store.queue_read`)."""
+        return self.store.queue_read(now)
+
+    def observe(self, now: datetime, read: QueueRead | None = None) -> dict[str, PoolQueue]:
+        """Pending jobs and on-prem capacity of every pool, from ``read`` (the tick's one read
+        of the queue, as :meth:`dispatch` left it) or a fresh read."""
+        read = read or self.read(now)
+        running = read.running
+        pending = read.pending_jobs()
         queues: dict[str, PoolQueue] = {}
         for pool, policy in self.pools.items():
             free = self._onprem_free(policy, running)
             queues[pool] = PoolQueue(
                 pool=pool,
                 onprem=OnPremState(policy.pool.onprem.total_gpus, sum(free), tuple(free)),
-                pending=tuple(j.to_domain() for j in pending if j.pool == pool),
+                pending=pending.get(pool, ()),
                 running_onprem_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.ONPREM),
                 running_burst_jobs=sum(1 for j in running if j.pool == pool and j.placement is Placement.BURST),
                 onprem_releases=_releases(pool, running),
             )
         return queues
 
-    def node_usage(self, node_ids: list[str]) -> dict[str, NodeUsage]:
-        """Per burst node: GPUs and jobs running now, and when it last finished something."""
+    def summary(self) -> list[PoolSummary]:
+        """Every pool's on-prem use and its pending and running counts, from grouped counts and
+        the running jobs: the pending jobs are not read (``burst status``)."""
+        counts = self.store.queue_counts()
+        running = self.store.jobs(states=[JobState.RUNNING])
+        summaries = []
+        for pool, policy in self.pools.items():
+            free = self._onprem_free(policy, running)
+            jobs, gpus = counts.get((pool, JobState.PENDING, None), (0, 0))
+            summaries.append(PoolSummary(
+                pool, policy.pool.onprem.total_gpus, sum(free), jobs, gpus,
+                counts.get((pool, JobState.RUNNING, Placement.ONPREM), (0, 0))[0],
+                counts.get((pool, JobState.RUNNING, Placement.BURST), (0, 0))[0]))
+        return summaries
+
+    def node_usage(self, node_ids: list[str], read: QueueRead | None = None) -> dict[str, NodeUsage]:
+        """Per burst node: GPUs and jobs running now (from ``read``'s running jobs, or a fresh
+        read of them), and, for a node running nothing, when it last finished something (one
+        grouped query for all of them)."""
+        running = read.running if read is not None else self.store.jobs(states=[JobState.RUNNING])
+        wanted = set(node_ids)
+        busy: dict[str, list[int]] = {}
+        for job in running:
+            if job.node_id in wanted:
+                tally = busy.setdefault(job.node_id, [0, 0])
+                tally[0] += job.gpus
+                tally[1] += 1
+        last = self.store.last_finished_by_node([n for n in node_ids if n not in busy])
         usage: dict[str, NodeUsage] = {}
         for node_id in node_ids:
-            busy = jobs = 0
-            last: datetime | None = None
-            for job in self.store.jobs(node_id=node_id):
-                if job.state is JobState.RUNNING:
-                    busy += job.gpus
-                    jobs += 1
-                elif job.finished_at is not None and (last is None or job.finished_at > last):
-                    last = job.finished_at
-            usage[node_id] = NodeUsage(busy, jobs, last)
+            gpus, jobs = busy.get(node_id, (0, 0))
+            usage[node_id] = NodeUsage(gpus, jobs, last.get(node_id))
         return usage
 
     def _onprem_free(self, policy: Policy, running: list[JobRecord]) -> list[int]:
@@ -116,32 +156,45 @@ class BuiltinQueue:
     # -- dispatching -----------------------------------------------------------------------
     def dispatch_onprem(self, now: datetime) -> list[JobRecord]:
         """Finish on-prem jobs whose time is up, then start what fits on-prem. Returns started."""
+        return self.dispatch(now).started
+
+    def dispatch(self, now: datetime) -> QueueRead:
+        """:meth:`dispatch_onprem` on one read of the queue, returned as dispatch left it (the
+        jobs it started running, those it finished gone): what :meth:`observe` then reads."""
         with self._lock:
-            running = self.store.jobs(states=[JobState.RUNNING])
-            for job in running:
+            read = self.read(now)
+            ended: set[str] = set()
+            for job in read.running:
                 if (job.placement is Placement.ONPREM and job.started_at is not None
-                        and now >= job.started_at + timedelta(seconds=job.duration_s or 0)):
-                    self.store.finish_job(job, state=JobState.DONE, exit_code=0, at=now)
-            running = self.store.jobs(states=[JobState.RUNNING])
-            started: list[JobRecord] = []
+                        and now >= job.started_at + timedelta(seconds=job.duration_s or 0)
+                        and self.store.finish_job(job, state=JobState.DONE, exit_code=0, at=now)):
+                    ended.add(job.id)
+            running = [j for j in read.running if j.id not in ended]
+            rows = {r[0]: r for r in read.pending}
+            pending = read.pending_jobs()
+            started: list[str] = []
             for pool, policy in self.pools.items():
                 free = self._onprem_free(policy, running)
                 names = [onprem_node_name(pool, i) for i in range(len(free))]
                 bins = Bins(free, list(names), node_size=policy.pool.onprem.gpus_per_node)
-                pending = [j for j in self.store.jobs(states=[JobState.PENDING], pool=pool)]
-                by_id = {j.id: j for j in pending}
-                for job in scheduling_order([j.to_domain() for j in pending], policy):
+                if bins.total == 0:
+                    continue  # on-prem is full: nothing to order
+                # The pool's pending tuple, as the planner will see it if nothing starts: its
+                # order is memoized, so a tick that starts nothing on-prem orders it once.
+                for job in scheduling_order(pending.get(pool, ()), policy):
                     if bins.total == 0:
                         break
                     used = bins.place(job.gpus)
                     if used is None:
                         continue
-                    record = self.store.start_job(
-                        by_id[job.id], placement=Placement.ONPREM,
-                        node_id=",".join(bins.owners[i] or "" for i in used), at=now)
-                    if record is not None:
-                        started.append(record)
-            return started
+                    node_id = ",".join(bins.owners[i] or "" for i in used)
+                    if self.store.start_onprem(rows[job.id], node_id, now):
+                        started.append(job.id)
+            records = self.store.jobs_by_id(started) if started else []
+            order = {job_id: i for i, job_id in enumerate(started)}
+            records.sort(key=lambda r: order[r.id])
+            read.take(set(started), records, ended)
+            return read
 
     def claim_for_node(self, node: Node, free_gpus: int, now: datetime) -> JobRecord | None:
         """Give a ready burst node the first pending job of its pool that fits, that on-prem
@@ -214,11 +267,13 @@ class BuiltinQueue:
             node = fresh
         return False
 
-    def burst_runs(self) -> tuple[BurstRun, ...]:
-        """Jobs running on burst nodes now: whose, where, since when, declared for how long."""
+    def burst_runs(self, read: QueueRead | None = None) -> tuple[BurstRun, ...]:
+        """Jobs running on burst nodes now (from ``read``, or a fresh read of the running jobs):
+        whose, where, since when, declared for how long."""
+        running = read.running if read is not None else self.store.jobs(states=[JobState.RUNNING])
         return tuple(
             BurstRun(j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)
-            for j in self.store.jobs(states=[JobState.RUNNING])
+            for j in running
             if j.placement is Placement.BURST and j.node_id is not None and j.started_at is not None
         )
 

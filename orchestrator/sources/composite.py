@@ -12,6 +12,7 @@ from datetime import datetime
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.sources.builtin import BuiltinQueue, NodeUsage
 from orchestrator.sources.slurm import SlurmQueue
+from orchestrator.store.queueread import QueueRead
 
 
 class QueueSources:
@@ -21,14 +22,14 @@ class QueueSources:
         self.builtin = builtin
         self.slurm = slurm
 
-    def observe(self, now: datetime) -> dict[str, PoolQueue]:
-        queues = self.builtin.observe(now)
+    def observe(self, now: datetime, read: QueueRead | None = None) -> dict[str, PoolQueue]:
+        queues = self.builtin.observe(now, read)
         if self.slurm is not None and self.slurm.policies:
             queues.update(self.slurm.observe(now))
         return queues
 
-    def node_usage(self, node_ids: list[str]) -> dict[str, NodeUsage]:
-        usage = self.builtin.node_usage(node_ids)
+    def node_usage(self, node_ids: list[str], read: QueueRead | None = None) -> dict[str, NodeUsage]:
+        usage = self.builtin.node_usage(node_ids, read)
         if self.slurm is not None and self.slurm.policies:
             usage.update(self.slurm.node_usage(node_ids))
         return usage

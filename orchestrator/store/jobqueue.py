@@ -61,7 +61,7 @@ def new_job_id() -> str:
     return JOB_ID_PREFIX + secrets.token_hex(5)
 
 
-def _job_from_row(row: sa.Row[Any]) -> JobRecord:
+def job_from_row(row: sa.Row[Any]) -> JobRecord:
     m = row._mapping
     return JobRecord(
         id=m["id"],
@@ -121,7 +121,7 @@ class JobQueue(StoreBase):
                 if conn.execute(stmt).rowcount == 1:
                     return record
                 row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
-            existing = _job_from_row(row)
+            existing = job_from_row(row)
             same = (existing.project, existing.pool, existing.gpus, existing.priority,
                     existing.duration_s, existing.command, existing.user) == (
                     project, pool, gpus, priority, duration_s, command, user)
@@ -146,7 +146,7 @@ class JobQueue(StoreBase):
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._read() as conn:
             row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
-        return _job_from_row(row) if row is not None else None
+        return job_from_row(row) if row is not None else None
 
     def jobs(
         self,
@@ -167,7 +167,7 @@ class JobQueue(StoreBase):
         if limit is not None:
             query = query.limit(limit)
         with self._read() as conn:
-            return [_job_from_row(r) for r in conn.execute(query)]
+            return [job_from_row(r) for r in conn.execute(query)]
 
     def gpus_busy_by_node(self) -> dict[str, int]:
         """GPUs of running built-in jobs on each burst node: the one count `burst status` and the

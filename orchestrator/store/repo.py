@@ -36,6 +36,7 @@ from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.leases import Leases
 from orchestrator.store.ledger import Ledger
 from orchestrator.store.pools import PoolControls
+from orchestrator.store.queueread import QueueReads
 from orchestrator.store.presence import Presence
 from orchestrator.store.slots import FabricSlots
 from orchestrator.store.telemetry import Telemetry
@@ -109,8 +110,8 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
     return replace(decision, repeats=int(row.repeats), last_seen_at=row.last_seen_at)
 
 
-class Store(JoinSecrets, JobQueue, JobRuns, PoolControls, Ledger, ApiTokens, Telemetry,
-            FabricSlots, Leases, Presence, Utilisation, Fencing):
+class Store(JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger, ApiTokens,
+            Telemetry, FabricSlots, Leases, Presence, Utilisation, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

@@ -181,7 +181,8 @@ class JobRow(Base):
     """A job of the built-in queue."""
 
     __tablename__ = "jobs"
-    __table_args__ = (sa.Index("ix_jobs_state_pool", "state", "pool"),)
+    # The tick reads pending jobs by state (then pool and age) once: orchestrator.store.queueread.
+    __table_args__ = (sa.Index("ix_jobs_state_pool_submitted_at", "state", "pool", "submitted_at"),)
 
     id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
     project: Mapped[str] = mapped_column(sa.String(STR_NAME))

@@ -1,0 +1,83 @@
+"""One read of the built-in queue per tick: what on-prem dispatch leaves in its read is what a
+fresh read of the store says, so observe may plan from it; the grouped figures `burst status`
+shows agree with the jobs; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.sources.builtin import BuiltinQueue
+from orchestrator.store import Store
+from tests.builders import POOL, T0, make_policy
+from tests.integration.test_job_runs import ready
+
+M = timedelta(minutes=1)
+
+
+def _fill(store: Store) -> BuiltinQueue:
+    """Two on-prem nodes of 8 GPUs (one job still running there, one whose time is up) and a
+    queue of mixed widths and priorities, some of another pool."""
+    queue = BuiltinQueue(store, [make_policy(pool={"onprem": {"nodes": 2, "gpus_per_node": 8}})])
+    long = store.submit_job("cv", POOL, 8, 0, 7200.0, None, T0)
+    short = store.submit_job("cv", POOL, 4, 0, 600.0, None, T0 + M)
+    assert {j.id for j in queue.dispatch_onprem(T0 + M)} == {long.id, short.id}
+    for i, (gpus, priority) in enumerate([(4, 0), (2, 5), (8, 0), (1, 0), (16, 0), (2, 5)]):
+        store.submit_job(f"p{i % 3}", POOL, gpus, priority, 3600.0, f"run {i}", T0 + (i + 2) * M)
+    store.submit_job("other", "elsewhere", 2, 0, None, None, T0, user="ana")
+    return queue
+
+
+def test_dispatch_leaves_in_its_read_what_a_fresh_read_finds(store: Store) -> None:
+    queue = _fill(store)
+    now = T0 + 20 * M  # the short on-prem job is over: its 4 GPUs and the 4 still free serve
+    read = queue.dispatch(now)
+    assert read.started and all(j.state is JobState.RUNNING and j.placement is Placement.ONPREM
+                                for j in read.started)
+    assert {j.command for j in read.started} <= {f"run {i}" for i in range(6)}  # full records
+    fresh = store.queue_read(now)
+    assert read.pending == fresh.pending
+    assert sorted(j.id for j in read.running) == sorted(j.id for j in fresh.running)
+    assert queue.observe(now, read) == queue.observe(now)
+    ids = [n for n in ("a", "b")]
+    assert queue.node_usage(ids, read) == queue.node_usage(ids)
+    assert queue.burst_runs(read) == queue.burst_runs()
+
+
+def test_the_read_is_in_service_order_with_aware_times(store: Store) -> None:
+    _fill(store)
+    read = store.queue_read(T0)
+    expected = [j.id for j in store.jobs(states=[JobState.PENDING])]
+    assert [r[0] for r in read.pending] == expected
+    jobs = [j for pool in read.pending_jobs().values() for j in pool]
+    assert {j.id: j for j in jobs} == {r.id: r.to_domain() for r in
+                                       store.jobs(states=[JobState.PENDING])}
+
+
+def test_grouped_figures_agree_with_the_jobs(store: Store) -> None:
+    queue = _fill(store)
+    ready(store, "a", T0)
+    job = store.submit_job("nlp", POOL, 2, 0, None, None, T0)
+    assert queue.claim_for_node(store.get_node("a"), 8, T0 + 2 * M).id == job.id
+    [summary] = queue.summary()
+    [pool] = queue.observe(T0 + 2 * M).values()
+    assert (summary.pending_jobs, summary.pending_gpus) == (
+        len(pool.pending), sum(j.gpus for j in pool.pending))
+    assert (summary.running_onprem_jobs, summary.running_burst_jobs) == (
+        pool.running_onprem_jobs, pool.running_burst_jobs)
+    assert summary.running_burst_jobs == 1
+    assert summary.onprem_free_gpus == pool.onprem.free_gpus
+
+
+def test_a_node_running_nothing_knows_when_it_last_finished(store: Store) -> None:
+    queue = BuiltinQueue(store, [make_policy()])
+    ready(store, "a", T0)
+    ready(store, "b", T0)
+    for at in (T0 + M, T0 + 3 * M):
+        job = store.submit_job("nlp", POOL, 2, 0, None, None, at)
+        started = queue.claim_for_node(store.get_node("a"), 8, at)
+        assert started is not None and started.id == job.id
+        assert queue.finish(job.id, "a", "done", 0, at + M)
+    usage = queue.node_usage(["a", "b"])
+    assert usage["a"].last_busy_at == T0 + 4 * M and usage["a"].running_jobs == 0
+    assert usage["b"].last_busy_at is None
