@@ -13,7 +13,10 @@ Scoping rules (the same for every route, see docs/api.md):
   that would let it probe which projects exist;
 * lists are filtered to the caller's projects before anything is summed, so a project token never
   sees, nor can deduce from a total, another project's rows. Rows of no project (nodes kept for
-  ``min_nodes`` or a pre-warm, pool-wide budgets) are the admin's only.
+  ``min_nodes`` or a pre-warm, pool-wide budgets, work of jobs of no project) are the admin's only;
+* users are seen through projects: a project token sees the users of its projects' jobs and
+  nobody else's. A ``user`` filter narrows within the caller's projects, so a user unknown there
+  (or only in another project) is an empty answer, never a 403 that would say the user exists.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from orchestrator.api.problems import Problem
 from orchestrator.domain.costs import NO_PROJECT
+from orchestrator.domain.jobs import check_user
 from orchestrator.store.tokens import PROJECT_RE, ApiToken, Role
 from orchestrator.wiring import Runtime
 
@@ -89,6 +93,22 @@ def parse_projects(values: Iterable[str] | None, name: str = "project") -> froze
     return frozenset(names)
 
 
+def parse_users(values: Iterable[str] | None, name: str = "user") -> frozenset[str] | None:
+    """``?user=a&user=b`` or ``?user=a,b`` as a set of user names (None: not given); a 422
+    naming the parameter for anything that is not a user name."""
+    if not values:
+        return None
+    names: set[str] = set()
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            try:
+                names.add(check_user(part))
+            except ValueError as exc:
+                raise invalid(name, str(exc)) from None
+    return frozenset(names)
+
+
 def project_scope(token: ApiToken, asked: frozenset[str] | None) -> frozenset[str] | None:
     """The projects a request may read: what it asked for (403 if any is outside the token's
     scope), else the token's scope; None means every project (an admin asking for none)."""
@@ -109,5 +129,5 @@ def invalid(parameter: str, message: str, where: str = "query") -> RequestValida
                                     "type": "value_error"}])
 
 
-__all__ = ["REALM", "Caller", "bearer", "current_token", "runtime_of", "invalid", "parse_projects", "project_scope",
-           "require_role"]
+__all__ = ["REALM", "Caller", "bearer", "current_token", "runtime_of", "invalid", "parse_projects",
+           "parse_users", "project_scope", "require_role"]

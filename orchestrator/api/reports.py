@@ -5,7 +5,9 @@ Both read what the cost ledger holds (:mod:`orchestrator.costs.report`,
 
 * ``/v1/costs``: the ledger lines are filtered to the caller's projects *before* they are grouped
   and summed, so a project token's rows and total are its own projects' spend only, whatever the
-  grouping (a ``group_by=provider`` report of a viewer is its projects' spend per provider).
+  grouping (a ``group_by=provider`` report of a viewer is its projects' spend per provider; a
+  ``group_by=user`` one lists the users of its projects only). ``user`` narrows to those users'
+  lines within that scope: an unknown user is an empty report.
 * ``/v1/budgets``: a project token sees the budgets of its projects; pool-wide budgets (no
   project) add up every project's spend, so only admins see them.
 
@@ -19,8 +21,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from orchestrator.api.auth import Caller, invalid, parse_projects, project_scope
-from orchestrator.api.v1 import NAME_PATTERN, NameQuery, ProjectQuery, iso, parse_time
+from orchestrator.api.auth import Caller, invalid, parse_projects, parse_users, project_scope
+from orchestrator.api.v1 import NAME_PATTERN, NameQuery, ProjectQuery, UserQuery, iso, parse_time
 from orchestrator.wiring import Runtime
 
 DEFAULT_GROUP_BY = "project"
@@ -62,15 +64,17 @@ def router(runtime: Runtime) -> APIRouter:
         token: Caller,
         since: Annotated[str | None, Query(alias="from", description="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (7d); default: the start of this month, UTC.")] = None,
         until: Annotated[str | None, Query(alias="to", description="End: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (30m); default: now.")] = None,
-        group_by: Annotated[str, Query(description="Comma-separated keys: project, pool, policy, provider, region, instance_type, market, node, job, kind, day.", max_length=200)] = DEFAULT_GROUP_BY,
+        group_by: Annotated[str, Query(description="Comma-separated keys: project, pool, policy, provider, region, instance_type, market, node, job, kind, day, user.", max_length=200)] = DEFAULT_GROUP_BY,
         project: ProjectQuery = None,
         pool: NameQuery = None,
+        user: UserQuery = None,
     ) -> Any:
         """Spend from the cost ledger between ``from`` and ``to``, grouped (viewers: their
         projects only)."""
         from orchestrator.costs.report import CostQuery, cost_report, parse_group_by
 
         scope = project_scope(token, parse_projects(project))
+        users = parse_users(user)
         now = runtime.clock.now()
         end = parse_time(until, "to", now) if until is not None else now
         start = parse_time(since, "from", now) if since is not None else month_start(end)
@@ -83,7 +87,7 @@ def router(runtime: Runtime) -> APIRouter:
         except ValueError as exc:
             raise invalid("group_by", str(exc)) from None
         report = cost_report(runtime.store, CostQuery(since=start, until=end, group_by=keys,
-                                                      projects=scope, pool=pool))
+                                                      projects=scope, pool=pool, users=users))
         if wants_csv(request):
             return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
         return report.as_json()

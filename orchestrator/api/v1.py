@@ -11,7 +11,8 @@ token's projects:
 * ``GET /v1/queue``: pending and running jobs of the caller's projects, with their wait, and
   per-pool depth and wait computed over those jobs only.
 * ``POST /v1/jobs``: a submitter (for its projects) or an admin queues a job, validated like
-  ``burst submit``.
+  ``burst submit``. The job's user is the token's subject (``burst token create --user``); a
+  body's ``user`` must be that subject unless the token is an admin's (403 naming ``user``).
 * ``DELETE /v1/jobs/{id}``: the same roles cancel a pending or running job (``burst cancel``).
 """
 
@@ -25,16 +26,23 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from orchestrator.api.auth import Caller, invalid, parse_projects, project_scope, require_role
+from orchestrator.api.auth import (
+    Caller,
+    invalid,
+    parse_projects,
+    parse_users,
+    project_scope,
+    require_role,
+)
 from orchestrator.api.problems import Problem
-from orchestrator.domain.jobs import JobState
+from orchestrator.domain.jobs import USER_RE, JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy import bounds, parse_duration
 from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware, parse_when
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
-from orchestrator.store.tokens import PROJECT_RE, Role
+from orchestrator.store.tokens import PROJECT_RE, ApiToken, Role
 from orchestrator.wiring import Runtime
 
 # Pool, policy and provider names in queries: policies name them with lower-case letters, digits
@@ -44,6 +52,9 @@ NameQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=128)]
 ProjectQuery = Annotated[list[str] | None, Query(
     description="Only these projects (repeat the parameter or comma-separate); a project "
                 "outside the token's scope is refused with 403.")]
+UserQuery = Annotated[list[str] | None, Query(
+    description="Only these users' jobs (repeat the parameter or comma-separate); within the "
+                "token's projects, so a user unknown there is an empty answer, not an error.")]
 MAX_PRIORITY = bounds.MAX_PRIORITY
 MAX_GPUS = bounds.MAX_JOB_GPUS
 MAX_COMMAND = 10_000
@@ -102,6 +113,7 @@ class NodesOut(BaseModel):
 class JobOut(BaseModel):
     id: str
     project: str
+    user: str | None = Field(description="Who submitted it (null: not known).")
     pool: str
     gpus: int
     priority: int
@@ -119,7 +131,8 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: JobRecord, now: datetime) -> JobOut:
         return cls(
-            id=job.id, project=job.project, pool=job.pool, gpus=job.gpus, priority=job.priority,
+            id=job.id, project=job.project, user=job.user, pool=job.pool, gpus=job.gpus,
+            priority=job.priority,
             duration_s=job.duration_s, command=job.command, state=job.state,
             placement=str(job.placement) if job.placement is not None else None,
             node_id=job.node_id, submitted_at=iso(job.submitted_at) or "",
@@ -158,6 +171,9 @@ class JobIn(BaseModel):
                                 description="Shell command (default: sleep for the duration).")
     pool: str | None = Field(default=None, pattern=NAME_PATTERN,
                              description="Pool (default: the first running policy's pool).")
+    user: str | None = Field(default=None, pattern=USER_RE.pattern, max_length=128,
+                             description="Who the job is for (default: the token's user). Only "
+                                         "an admin's token may name another user than its own.")
 
     @field_validator("duration")
     @classmethod
@@ -236,13 +252,15 @@ def router(runtime: Runtime) -> APIRouter:
         project: ProjectQuery = None,
         state: Annotated[list[QueueState] | None, Query(description="pending and/or running (default both).")] = None,
         limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+        user: UserQuery = None,
     ) -> QueueOut:
         """Pending and running jobs of the built-in queue, in service order, with their wait."""
         scope = project_scope(token, parse_projects(project))
+        users = parse_users(user)
         now = runtime.clock.now()
         states = [JobState(s) for s in (state or list(QueueState))]
         jobs = [j for j in runtime.store.jobs(states=states, pool=pool)
-                if scope is None or j.project in scope]
+                if (scope is None or j.project in scope) and (users is None or j.user in users)]
         pools = sorted({j.pool for j in jobs} | ({pool} if pool else set(_pools(runtime))))
         summary = []
         for name in pools:
@@ -271,6 +289,7 @@ def router(runtime: Runtime) -> APIRouter:
         if not token.sees(body.project):
             raise Problem(403, "forbidden", f"token {token.id} may not submit jobs for project "
                                             f"{body.project}")
+        user = submitting_user(token, body.user)
         pools = _pools(runtime)
         if not pools:
             raise Problem(409, "no pool", "the controller runs no policy, so no pool takes jobs")
@@ -288,7 +307,8 @@ def router(runtime: Runtime) -> APIRouter:
         try:
             job = runtime.store.submit_job(project=body.project, pool=pool, gpus=body.gpus,
                                            priority=body.priority, duration_s=seconds,
-                                           command=body.command, submitted_at=now, job_id=job_id)
+                                           command=body.command, submitted_at=now, job_id=job_id,
+                                           user=user)
         except JobExists as repeat:
             response.status_code = 200
             return JobOut.of(repeat.job, now)
@@ -321,6 +341,21 @@ def router(runtime: Runtime) -> APIRouter:
         return JobOut.of(done.job, now)
 
     return api
+
+
+def submitting_user(token: ApiToken, asked: str | None) -> str | None:
+    """The user a job submitted with ``token`` is for: the body's ``user`` (``asked``) if the
+    token may submit for it, else the token's subject (None: a token of no subject). Only an
+    admin's token may submit for a user other than its own subject: 403 naming ``user``."""
+    if asked is None or asked == token.subject:
+        return token.subject
+    if token.role is Role.ADMIN:
+        return asked
+    whose = (f"its user is {token.subject}" if token.subject
+             else "it names no user (create it with --user)")
+    raise Problem(403, "forbidden", f"body.user: token {token.id} may not submit jobs for user "
+                                    f"{asked} ({whose}); only an admin's token may",
+                  field="body.user")
 
 
 def _pools(runtime: Runtime) -> list[str]:

@@ -37,6 +37,7 @@ def submit_command(
     command: Annotated[str | None, typer.Option("--command", help="Shell command to run (default: sleep for --duration).")] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Pool (default: the policy's pool).")] = None,
     count: Annotated[int, typer.Option("--count", min=1, help="Submit this many identical jobs.")] = 1,
+    user: Annotated[str | None, typer.Option("--user", help="Who the job is for (default: the OS user running burst).")] = None,
     policy: _PolicyOpt = None,
     state_dir: _StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the submitted jobs as a JSON list.")] = False,
@@ -50,6 +51,7 @@ def submit_command(
         fail(f"--duration: {exc}")
     if not project.strip():
         fail("--project: must not be empty")
+    user = _submitter(user)
     settings = _settings(state_dir)
     policies = load_policies(policy, settings)
     pools = {p.pool.name for p in policies}
@@ -60,14 +62,35 @@ def submit_command(
     store = open_store(settings)
     now = datetime.now(UTC)
     jobs = [store.submit_job(project=project, pool=pool, gpus=gpus, priority=priority,
-                             duration_s=seconds, command=command, submitted_at=now) for _ in range(count)]
+                             duration_s=seconds, command=command, submitted_at=now, user=user)
+            for _ in range(count)]
     store.close()
     if as_json:
-        print_json([{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus} for j in jobs])
+        print_json([{"id": j.id, "project": j.project, "user": j.user, "pool": j.pool,
+                     "gpus": j.gpus} for j in jobs])
     else:
         for job in jobs:
-            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} in pool {pool}",
-                      soft_wrap=True)
+            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} ({user}) in pool "
+                      f"{pool}", soft_wrap=True)
+
+
+def _submitter(user: str | None) -> str:
+    """The ``--user`` given, else the OS user running burst; a clear error for a bad name or
+    when the OS cannot say who is running."""
+    import getpass
+
+    from orchestrator.domain.jobs import check_user
+
+    if user is None:
+        try:
+            user = getpass.getuser()
+        except (OSError, KeyError):
+            fail("--user: the OS does not say who is running burst (no LOGNAME/USER and no "
+                 "password entry); name the user with --user")
+    try:
+        return check_user(user)
+    except ValueError as exc:
+        fail(f"--user: {exc}")
 
 
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
@@ -80,7 +103,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     from rich.text import Text
 
     from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
-    from orchestrator.domain.jobs import JobState
+    from orchestrator.domain.jobs import NO_USER_LABEL, JobState
     from orchestrator.domain.nodes import NodeState
     from orchestrator.sources.builtin import BuiltinQueue
 
@@ -111,7 +134,8 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             "running_onprem_jobs": q.running_onprem_jobs, "running_burst_jobs": q.running_burst_jobs,
         } for q in pools_summary],
         "policies": overview,
-        "queue": [{"id": j.id, "project": j.project, "pool": j.pool, "gpus": j.gpus, "priority": j.priority,
+        "queue": [{"id": j.id, "project": j.project, "user": j.user, "pool": j.pool, "gpus": j.gpus,
+                   "priority": j.priority,
                    "wait_s": round((now - j.submitted_at).total_seconds(), 1),
                    "held_back": reasons[j.id]} for j in pending],
         "queue_listed": len(pending),
@@ -145,11 +169,11 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
         out.print(table)
     if pending:
         queue = Table(title=f"queue ({pending_total} pending)")
-        for col in ("job", "project", "GPUs", "priority", "waiting", "held back by"):
+        for col in ("job", "project", "user", "GPUs", "priority", "waiting", "held back by"):
             queue.add_column(col)
         for j in data["queue"][:30]:
-            queue.add_row(j["id"], j["project"], str(j["gpus"]), str(j["priority"]),
-                          age(j["wait_s"]), j["held_back"]["text"])
+            queue.add_row(j["id"], j["project"], j["user"] or NO_USER_LABEL, str(j["gpus"]),
+                          str(j["priority"]), age(j["wait_s"]), j["held_back"]["text"])
         out.print(queue)
     table = Table(title=f"burst nodes ({len(nodes)})")
     for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "$/h", "project"):

@@ -32,10 +32,12 @@ def create_command(
     project: Annotated[list[str] | None, typer.Option("--project", help="A project the token may see (repeat for several; not for admin).")] = None,
     expires: Annotated[str | None, typer.Option("--expires", help="Lifetime, e.g. 30d or 12h (default: never expires).")] = None,
     description: Annotated[str, typer.Option("--description", help="Who or what the token is for.")] = "",
+    user: Annotated[str | None, typer.Option("--user", help="The user the token acts as (its subject): the user of the jobs it submits. A submitter token submits only for this user.")] = None,
     state_dir: _StateOpt = None,
     as_json: _JsonOpt = False,
 ) -> None:
     """Issue a token and print it, once."""
+    from orchestrator.domain.jobs import check_user
     from orchestrator.policy import parse_duration
     from orchestrator.store.tokens import validate_scope
 
@@ -53,10 +55,16 @@ def create_command(
         validate_scope(role, project or [])
     except ValueError as exc:
         fail(f"--{exc}")
+    if user is not None:
+        try:
+            check_user(user)
+        except ValueError as exc:
+            fail(f"--user: {exc}")
     store = _store(state_dir)
     try:
         secret, token = store.create_api_token(role, project or [], created_at=now,
-                                               expires_at=expires_at, description=description)
+                                               expires_at=expires_at, description=description,
+                                               subject=user)
     except ValueError as exc:
         fail(f"--{exc}")
     finally:
@@ -66,6 +74,7 @@ def create_command(
         return
     scope = "every project" if not token.projects else ", ".join(token.projects)
     err.print(f"created {token.id}: {token.role} of {scope}"
+              + (f", acting as user {token.subject}" if token.subject else "")
               + (f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else "")
               + ". Store the token now: it is not shown again.")
     out.print(secret, soft_wrap=True)
@@ -92,13 +101,14 @@ def list_command(
     table.add_column("id", no_wrap=True)
     table.add_column("role", no_wrap=True)
     table.add_column("projects", min_width=8, overflow="fold")
+    table.add_column("user", overflow="fold")
     for col in ("status", "expires", "last used"):
         table.add_column(col, no_wrap=True)
     table.add_column("description", overflow="fold")
     colours = {"ok": "green", "expired": "yellow", "revoked": "red"}
     for t in tokens:
         status = t.status(now)
-        table.add_row(t.id, str(t.role), ", ".join(t.projects) or "(all)",
+        table.add_row(t.id, str(t.role), ", ".join(t.projects) or "(all)", t.subject or "-",
                       Text(status, style=colours[status]),
                       _day(t.expires_at) or "never", _day(t.last_used_at) or "never",
                       t.description)
