@@ -8,6 +8,7 @@ the reconciler, never scattered ifs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -132,3 +133,13 @@ def state_timeouts(policy: Policy) -> tuple[StateTimeout, ...]:
         StateTimeout(S.JOINING, t.join, S.FAILED, ActionReason.JOIN_TIMEOUT),
         StateTimeout(S.TERMINATING, t.terminate, S.FAILED, ActionReason.TERMINATE_RETRY),
     )
+
+
+def overdue(node: Node, timeouts: Iterable[StateTimeout], now: datetime) -> bool:
+    """Whether ``node`` has been in its state longer than its timeout (draining: past its drain
+    deadline): what the reconciler acts on, and what alerts and notifications call stuck."""
+    if node.state is S.DRAINING:
+        return node.drain_deadline is not None and now > node.drain_deadline
+    limit = next((t.limit for t in timeouts if t.state is node.state), None)
+    return limit is not None and now - node.state_since > limit
+

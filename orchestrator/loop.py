@@ -30,10 +30,12 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from orchestrator.domain.plan import Decision
+from orchestrator.domain.plan import ActionReason, Decision, Terminate
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
 from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl, policy_scope
+from orchestrator.notify.sender import NotificationSender
+from orchestrator.notify.watch import check
 from orchestrator.store.fence import StaleLeaderError
 from orchestrator.tick import (
     PRUNE_EVERY,
@@ -73,6 +75,8 @@ class ControlLoop:
         self.controller = controller or Controller(
             runtime.store, Holder.this_process("burst-run"), lease_ttl(tick_s))
         self._reported: dict[str, str] = {}
+        # The loop's own notification sender, started with the first notification to send.
+        self.notifier: NotificationSender | None = None
 
     def observe_providers(self) -> dict[str, list[Instance]]:
         clusters = sorted({p.cluster for p in self.runtime.policies.values()})
@@ -93,8 +97,9 @@ class ControlLoop:
         report.skipped = claims.skipped
         self._report_skipped(claims.skipped)
         try:
+            leaked: list[Terminate] = []
             if claims.leads(RECONCILE):
-                self._reconcile(report, now)
+                leaked = self._reconcile(report, now)
             led = [p for name, p in rt.policies.items() if claims.leads(policy_scope(name))]
             if led:
                 self._plan(report, led, now)
@@ -107,9 +112,21 @@ class ControlLoop:
                     started)
         if claims.leads(RECONCILE):
             self._apply_retention(report.at)  # one controller's chore, not every one's
+            self._notify(report.at, leaked)
         return report
 
-    def _reconcile(self, report: TickReport, now: datetime) -> None:
+    def _notify(self, now: datetime, leaked: list[Terminate]) -> None:
+        """Claim what deserves a notification and hand it to the sender thread: a slow or
+        failing webhook never holds the tick."""
+        rt = self.runtime
+        claimed = check(rt.store, rt.policies.values(), now, leaked)
+        if not claimed:
+            return
+        if self.notifier is None:
+            self.notifier = NotificationSender(rt.store, rt.policies.values(), rt.clock.now).start()
+        self.notifier.submit(claimed)
+
+    def _reconcile(self, report: TickReport, now: datetime) -> list[Terminate]:
         """Reality first: what providers really have, then the fixes it calls for, judged on
         what this controller could have observed (its tenure, the API's presence window)."""
         rt = self.runtime
@@ -123,6 +140,8 @@ class ControlLoop:
             report.execution.merge(executor.run(corrective))
         finally:
             rt.reconciler.store = rt.store
+        return [a for a in corrective if isinstance(a, Terminate)
+                and a.reason is ActionReason.LEAKED]
 
     def _plan(self, report: TickReport, policies: list, now: datetime) -> None:
         rt = self.runtime
@@ -159,6 +178,8 @@ class ControlLoop:
     def close(self) -> None:
         """A clean stop: release the leases so the next controller need not wait for expiry."""
         self.controller.release_all(self.runtime.clock.now())
+        if self.notifier is not None:
+            self.notifier.stop()
 
     def _apply_retention(self, now: datetime) -> None:
         if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:

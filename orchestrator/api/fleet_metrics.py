@@ -21,6 +21,7 @@ family                                            type       labels / meaning
                                                              at the current burn
 ``burst_budget_burn_usd_per_hour``                gauge      policy, budget, project: current burn
 ``burst_budget_window_end_timestamp_seconds``     gauge      policy, budget, project
+``burst_budget_grade_crossings_total``            counter    policy, budget, grade: grades reached
 ``burst_cost_usd_total``                          counter    provider, project: burst cost in the
                                                              ledger
 ``burst_leader_tenures_total``                    counter    scope: leaders so far (fencing token)
@@ -48,7 +49,7 @@ from prometheus_client.core import (
 
 from orchestrator.costs.budgets import BudgetStatus
 from orchestrator.domain.nodes import NodeState
-from orchestrator.lifecycle import state_timeouts
+from orchestrator.lifecycle import overdue, state_timeouts
 from orchestrator.wiring import Runtime
 
 S = NodeState
@@ -110,19 +111,16 @@ def failure_families(runtime: Runtime, now: datetime) -> Iterator[Metric]:
         "burst_nodes_past_timeout", "Live nodes in a state longer than its timeout (the "
         "reconciler should have moved them on; draining: past the drain deadline).",
         labels=["policy", "state", "provider"])
-    limits = {name: {t.state: t.limit for t in state_timeouts(policy)}
-              for name, policy in runtime.policies.items()}
+    timeouts = {name: state_timeouts(policy) for name, policy in runtime.policies.items()}
     # Every (policy, timed state, provider) is reported, 0 included: a series that comes and goes
     # would make "for: 10m" alert rules restart.
     found: dict[tuple[str, str, str], int] = {
         (name, state.value, str(spec.provider)): 0
         for name, policy in runtime.policies.items()
-        for state in (*limits[name], S.DRAINING) for spec in policy.offerings}
+        for state in (*(t.state for t in timeouts[name]), S.DRAINING)
+        for spec in policy.offerings}
     for node in runtime.store.nodes():
-        limit = limits.get(node.policy, {}).get(node.state)
-        late = (limit is not None and now - node.state_since > limit) or (
-            node.state is S.DRAINING and node.drain_deadline is not None
-            and now > node.drain_deadline)
+        late = overdue(node, timeouts.get(node.policy, ()), now)
         key = (node.policy, node.state.value, node.provider)
         found[key] = found.get(key, 0) + (1 if late else 0)
     for key, count in sorted(found.items()):
@@ -151,6 +149,14 @@ def budget_families(statuses: list[BudgetStatus], runtime: Runtime) -> Iterator[
         burn.add_metric(key, float(status.burn_usd_hour))
         end.add_metric(key, status.window_end.timestamp())
     yield from (grade, forecast, burn, end)
+
+    crossings = CounterMetricFamily("burst_budget_grade_crossings", "Times a budget reached a "
+                                    "grade (once per budget window and grade).",
+                                    labels=["policy", "budget", "grade"])
+    for policy_name, subject, reached, count in runtime.store.grade_crossings():
+        budget_name = subject.split("/", 1)[-1]
+        crossings.add_metric([policy_name, budget_name, reached], count)
+    yield crossings
 
 
 def ledger_families(runtime: Runtime) -> Iterator[Metric]:

@@ -69,7 +69,8 @@ def create_celery(settings: Settings, policy_names: list[str] | None = None) -> 
     app.conf.update(
         task_default_queue=CONTROL_QUEUE,
         task_routes={"burst.provider.*": {"queue": PROVIDER_QUEUE},
-                     "burst.node.*": {"queue": PROVIDER_QUEUE}},
+                     "burst.node.*": {"queue": PROVIDER_QUEUE},
+                     "burst.notify.*": {"queue": PROVIDER_QUEUE}},
         task_serializer="json", accept_content=["json"], result_serializer="json",
         timezone="UTC", enable_utc=True,
         worker_prefetch_multiplier=1,  # a killed worker holds at most one unacknowledged task

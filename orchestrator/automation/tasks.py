@@ -16,6 +16,8 @@
 * ``burst.node.drain`` / ``burst.node.terminate``: one node each, idempotent.
 * ``burst.reconcile.run``: reality first (sync), then corrective actions, under its own lease and
   the store lease ``reconcile``; liveness is judged on the deployment's observation window.
+  It also claims what deserves a notification (:mod:`orchestrator.notify`) and sends each row
+  with ``burst.notify.send``: one webhook call, retried with backoff (``DeliveryFailed``).
 * ``burst.decisions.prune``: deletes decisions last made before ``decision_retention`` (hourly).
 * ``burst.cost.rollup``: brings the whole cost ledger up to now (beat, every ``cost_rollup_s``),
   under its own lease. Each tick also rolls up its policy's nodes before observing, so budgets
@@ -36,6 +38,8 @@ from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
 from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl
+from orchestrator.notify.deliver import DeliveryFailed, NoTarget, attempt
+from orchestrator.notify.watch import check
 from orchestrator.reconciler import Reconciler
 from orchestrator.store.fencing import StaleLeaderError
 from orchestrator.tick import fenced_runtime_parts, planning_pass, record_tick, roll_up_costs
@@ -184,7 +188,32 @@ def reconcile() -> dict:
                 log.warning("provider %s: cannot list instances: %s", name, exc)
         events = reconciler.sync(observed, now)
         corrective = reconciler.step(now, controller().observing_since(now))
-        return {"leader": True, "events": len(events), **_dispatch(corrective)}
+        dispatched = _dispatch(corrective)
+        # What deserves a notification, claimed once in the store; each row sent by its own
+        # task (retries and backoff there), so a failing webhook never holds this one.
+        claimed = check(rt.store, rt.policies.values(), now,
+                        [a for a in corrective if isinstance(a, Terminate)])
+        for notice_id in claimed:
+            send_notification.delay(notice_id)
+        return {"leader": True, "events": len(events), "notifications": len(claimed),
+                **dispatched}
+
+
+NOTIFY_RETRIES = 6  # attempts after the first: 2, 4, 8, ... s apart (with jitter), at most 300 s
+
+
+@shared_task(name="burst.notify.send", bind=True, acks_late=True, ignore_result=False,
+             autoretry_for=(DeliveryFailed,), retry_backoff=2, retry_backoff_max=300,
+             retry_jitter=True, max_retries=NOTIFY_RETRIES)
+def send_notification(self, notice_id: int) -> dict:
+    """Send one claimed notification (idempotent: a row already sent is not sent again)."""
+    rt = runtime()
+    final = self.request.retries >= NOTIFY_RETRIES
+    try:
+        sent = attempt(rt.store, rt.policies.values(), notice_id, rt.clock.now(), final=final)
+    except NoTarget as exc:
+        return {"notification": notice_id, "sent": False, "reason": str(exc)}
+    return {"notification": notice_id, "sent": sent, "attempt": self.request.retries + 1}
 
 
 @shared_task(name="burst.provider.launch", bind=True, acks_late=True, ignore_result=False,

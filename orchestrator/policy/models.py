@@ -34,6 +34,7 @@ from orchestrator.policy.bounds import (
 )
 from orchestrator.policy.enums import Market, ProviderName
 from orchestrator.policy.fabric import FabricConfig, FabricKind
+from orchestrator.policy.notifications import Notifications
 from orchestrator.policy.providers import ProviderSettings
 
 
@@ -603,6 +604,11 @@ class Policy(PolicyModel):
         default_factory=SpotChoice,
         description="Spot or on-demand, and which provider and region, per job by expected cost "
         "(see docs/simulator.md, 'Spot').",
+    )
+    notifications: Notifications = Field(
+        default_factory=Notifications,
+        description="Webhooks told about budget grades and forecast overruns, repeated launch "
+        "failures, stuck nodes and leaked instances (see docs/monitoring.md).",
     )
 
     @model_validator(mode="after")

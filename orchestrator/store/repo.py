@@ -35,6 +35,7 @@ from orchestrator.store.jobruns import JobRuns
 from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.leases import Leases
 from orchestrator.store.ledger import Ledger
+from orchestrator.store.notices import Notices
 from orchestrator.store.pools import PoolControls
 from orchestrator.store.queueread import QueueReads
 from orchestrator.store.presence import Presence
@@ -111,7 +112,7 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 
 class Store(JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger, ApiTokens,
-            Telemetry, FabricSlots, Leases, Presence, Utilisation, Fencing):
+            Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

@@ -365,6 +365,34 @@ class TickStatRow(Base):
     total_duration_s: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
 
 
+class NotificationRow(Base):
+    """One notification to one target (``target`` ``-``: the record of the event itself, kept
+    whether or not any target listens). Unique per (target, subject, window, grade): claiming the
+    row is what makes a notification go out once, whatever restarts or duplicate beats do. The
+    webhook URL is never stored: it is read from the environment or a file at send time."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (
+        sa.UniqueConstraint("target", "subject", "window", "grade"),
+        sa.Index("ix_notifications_state_created_at", "state", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True, autoincrement=True)
+    target: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    event: Mapped[str] = mapped_column(sa.String(32))
+    subject: Mapped[str] = mapped_column(sa.String(STR_KEY))
+    window: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    grade: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    title: Mapped[str] = mapped_column(sa.Text)
+    text: Mapped[str] = mapped_column(sa.Text)
+    details: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    state: Mapped[str] = mapped_column(sa.String(16))  # pending, sent, failed, recorded
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(sa.Text)
+    sent_at: Mapped[datetime | None]
+
 
 class FabricMemberRow(Base):
     """A Slurm node name a burst node holds in the fabric (see ``slots``): a pre-declared FUTURE
@@ -479,3 +507,4 @@ leases: sa.Table = LeaseRow.__table__  # type: ignore[assignment]
 presence: sa.Table = PresenceRow.__table__  # type: ignore[assignment]
 job_usage: sa.Table = JobUsageRow.__table__  # type: ignore[assignment]
 node_usage_hours: sa.Table = NodeUsageHourRow.__table__  # type: ignore[assignment]
+notifications: sa.Table = NotificationRow.__table__  # type: ignore[assignment]

@@ -151,6 +151,21 @@ class Telemetry(StoreBase):
         with self._read() as conn:
             return [(p, o, r, k) for p, o, r, k in conn.execute(query)]
 
+    def launch_failures_since(self, since: datetime) -> list[tuple[str, str, str, int]]:
+        """(policy, provider, offering, count) of nodes that failed before they booted at or
+        after ``since``."""
+        require_aware(since, "since")
+        e, n = T.node_events.c, T.nodes.c
+        early = [NodeState.REQUESTED.value, NodeState.LAUNCHING.value, NodeState.BOOTING.value]
+        query = (
+            sa.select(n.policy, n.provider, n.offering_key, sa.func.count())
+            .select_from(T.node_events.join(T.nodes, n.id == e.node_id))
+            .where(e.to_state == NodeState.FAILED.value, e.from_state.in_(early), e.at >= since)
+            .group_by(n.policy, n.provider, n.offering_key)
+        )
+        with self._read() as conn:
+            return [(p, pr, o, int(k)) for p, pr, o, k in conn.execute(query)]
+
     def leader_tenures(self) -> dict[str, int]:
         """Scope -> the highest leader token it has seen (store leases of the embedded loop,
         fences of the Celery leaders): it grows by one with every new leader."""
