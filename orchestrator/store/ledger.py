@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from orchestrator.domain.costs import NONE, CostKind, CostLine, JobUsage
+from orchestrator.domain.costs import NO_PROJECT, NONE, CostKind, CostLine, JobUsage
 from orchestrator.domain.jobs import Placement
 from orchestrator.domain.nodes import NodeState
 from orchestrator.store import tables as T
@@ -415,7 +415,10 @@ def _window(query: Any, since: datetime | None, until: datetime | None,
         query = query.where(_c.period_start < require_aware(until, "until"))
     if projects is not None:
         wanted = sorted(projects)
-        query = query.where(_c.project == wanted[0] if len(wanted) == 1 else _c.project.in_(wanted))
+        match = _c.project == wanted[0] if len(wanted) == 1 else _c.project.in_(wanted)
+        if NO_PROJECT in projects:  # "-", no project: nodes launched for none, and jobs of none
+            match = sa.or_(match, _c.project.is_(None))
+        query = query.where(match)
     if pool is not None:
         query = query.where(_c.pool == pool)
     return query

@@ -138,7 +138,18 @@ def test_the_bucket_of_no_project_is_null_in_json_and_empty_in_csv(
         client: httpx.Client, people: dict[str, str]) -> None:
     report = costs(client, people["admin"], group_by="project", user="carol")
     assert [r["project"] for r in report["rows"]] == [None]
+    # ``project=-`` (no project) selects it, beside the lines of nodes launched for no project.
+    none = costs(client, people["admin"], group_by="project,user", project="-")
+    assert {(r["project"], r["user"]) for r in none["rows"]} == {(None, "carol")}
     response = client.get("/v1/costs", params={**WINDOW, "group_by": "project,user"},
                           headers={**bearer(people["admin"]), "Accept": "text/csv"})
     rows = list(csv.DictReader(io.StringIO(response.text)))
     assert ("", "carol") in {(r["project"], r["user"]) for r in rows}
+
+
+def test_the_cost_metric_of_work_of_no_project_has_an_empty_project_label(rt) -> None:
+    from orchestrator.api.fleet_metrics import ledger_families
+
+    [cost] = [f for f in ledger_families(rt) if f.name == "burst_cost_usd"]
+    projects = {s.labels["project"] for s in cost.samples}
+    assert projects == {"research", "vision", ""}  # "": carol's Slurm job of no project

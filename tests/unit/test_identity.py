@@ -77,3 +77,43 @@ def test_the_owners_listed_are_capped_and_the_rest_counted() -> None:
     assert len(inputs["unmet_by_owner"]) == MAX_OWNERS_IN_RECORD
     assert inputs["unmet_owners_omitted"] == 60 - MAX_OWNERS_IN_RECORD
     assert inputs["unmet_by_owner"][0]["user"] == "u000"  # equal GPUs: by name
+
+
+def test_a_project_budget_does_not_hold_work_of_no_project_but_a_pool_budget_does() -> None:
+    from decimal import Decimal
+
+    from orchestrator.domain import BudgetSpend
+
+    window = (T0.replace(day=1, hour=0), T0.replace(month=4, day=1, hour=0))
+    jobs = [make_job("r1", gpus=8, project="research", duration_s=3600.0),
+            make_job("n1", gpus=8, project=None, user="carol", duration_s=3600.0)]
+    research = {"name": "research-monthly", "limit_usd": 100, "project": "research"}
+    pool = {"name": "pool-monthly", "limit_usd": 100}
+
+    def run(budget: dict):
+        spend = {f"{make_policy().name}/{budget['name']}": BudgetSpend(
+            Decimal("100"), Decimal(0), *window)}  # spent up to its limit
+        return plan(make_snapshot(jobs, budget_spend=spend), [make_policy(budgets=[budget])], T0)
+
+    held = run(research)
+    assert {a.project for a in held.launches} == {None}  # the work of no project still bursts
+    assert held.decisions[0].held_back_by == ("budgets[research-monthly]",)
+    stopped = run(pool)
+    assert stopped.launches == [] and stopped.decisions[0].held_back_by == (
+        "budgets[pool-monthly]",)
+
+
+def test_a_snapshot_carries_jobs_of_no_project_and_their_users_and_names_a_bad_user() -> None:
+    from orchestrator.domain.snapshot_json import (
+        SnapshotError,
+        load_snapshot_text,
+        snapshot_to_json,
+    )
+
+    snap = make_snapshot([make_job("a", project=None, user="ada@example.org")])
+    loaded = load_snapshot_text(json.dumps(snapshot_to_json(snap)), "f.json")
+    [job] = next(iter(loaded.queues.values())).pending
+    assert (job.project, job.user) == (None, "ada@example.org")
+    bad = make_snapshot([make_job("b", user="x y")])
+    with pytest.raises(SnapshotError, match=r"f\.json: queues\.\w+\.pending\.0\.user: "):
+        load_snapshot_text(json.dumps(snapshot_to_json(bad)), "f.json")
