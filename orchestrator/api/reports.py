@@ -1,4 +1,4 @@
-"""Cost and budget routes: ``GET /v1/costs`` and ``GET /v1/budgets``.
+"""Cost, budget and return routes: ``GET /v1/costs``, ``GET /v1/budgets`` and ``GET /v1/roi``.
 
 Both read what the cost ledger holds (:mod:`orchestrator.costs.report`,
 :mod:`orchestrator.costs.budgets`); neither computes money itself. Scoping:
@@ -11,7 +11,11 @@ Both read what the cost ledger holds (:mod:`orchestrator.costs.report`,
 * ``/v1/budgets``: a project token sees the budgets of its projects; pool-wide budgets (no
   project) add up every project's spend, so only admins see them.
 
-``/v1/costs`` answers JSON, or CSV (``text/csv``) when the request's ``Accept`` prefers it.
+* ``/v1/roi``: the return on burst spend per project and month (:mod:`orchestrator.costs.roi`),
+  filtered to the caller's projects like ``/v1/costs``.
+
+``/v1/costs`` and ``/v1/roi`` answer JSON, or CSV (``text/csv``) when the request's ``Accept``
+prefers it or ``format=csv`` asks for it.
 """
 
 from __future__ import annotations
@@ -89,6 +93,32 @@ def router(runtime: Runtime) -> APIRouter:
         report = cost_report(runtime.store, CostQuery(since=start, until=end, group_by=keys,
                                                       projects=scope, pool=pool, users=users))
         if wants_csv(request):
+            return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
+        return report.as_json()
+
+    @api.get("/roi", responses={200: {"content": {"application/json": {}, CSV: {}},
+                                      "description": "The return on burst spend, JSON or CSV."}})
+    def roi(
+        request: Request,
+        token: Caller,
+        since: Annotated[str | None, Query(alias="from", description="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (90d); default: the start of this year, UTC.")] = None,
+        until: Annotated[str | None, Query(alias="to", description="End: ISO 8601 with a timezone, a date or a span back from now; default: now.")] = None,
+        project: ProjectQuery = None,
+        format: Annotated[str | None, Query(pattern="^(json|csv)$", description="json or csv (default: by the Accept header).")] = None,
+    ) -> Any:
+        """Per project and month: burst spend, GPU-hours burst, researcher-hours of waiting
+        avoided and dollars per hour avoided (viewers: their projects only)."""
+        from orchestrator.costs.roi import roi_report
+
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        end = parse_time(until, "to", now) if until is not None else now
+        start = (parse_time(since, "from", now) if since is not None
+                 else month_start(end).replace(month=1))
+        if start >= end:
+            raise invalid("from", f"{iso(start)} must be before to ({iso(end)})")
+        report = roi_report(runtime.store, since=start, until=end, projects=scope)
+        if format == "csv" or (format is None and wants_csv(request)):
             return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
         return report.as_json()
 

@@ -15,6 +15,7 @@ that day. A pool-wide budget's line is black and compares with the whole bar.
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -54,6 +55,7 @@ def report_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print the report as CSV.")] = False,
     png: Annotated[Path | None, typer.Option("--png", help="Also write a chart: cost per day stacked by project, with budget lines.")] = None,
+    roi: Annotated[bool, typer.Option("--roi", help="The return on burst spend instead: per project and month, burst $, GPU-hours burst, researcher-hours of waiting avoided, $ per hour avoided (default --from: the start of this year).")] = False,
     policy: _PolicyOpt = None,
     state_dir: _StateOpt = None,
 ) -> None:
@@ -66,6 +68,11 @@ def report_command(
     end = _time(until, "--to", now) if until is not None else now
     start = _time(since, "--from", now) if since is not None else end.replace(
         day=1, hour=0, minute=0, second=0, microsecond=0)
+    if roi:
+        if since is None:
+            start = start.replace(month=1)
+        _roi(start, end, project, png, as_json, as_csv, state_dir)
+        return
     if since is None and start >= end:
         start = end - timedelta(days=1)
     if start >= end:
@@ -110,6 +117,53 @@ def report_command(
             fail(f"--png: cannot write {png}: {exc}")
         if not as_json and not as_csv:
             line(f"chart written to {png}")
+
+
+def _roi(start: datetime, end: datetime, project: list[str] | None, png: Path | None,
+         as_json: bool, as_csv: bool, state_dir: Path | None) -> None:
+    """``burst report --roi`` (see :mod:`orchestrator.costs.roi`)."""
+    from orchestrator.costs.roi import roi_report
+
+    if png is not None:
+        fail("--png: not with --roi (the chart draws costs or GPU-hours)")
+    if start >= end:
+        fail(f"--from: {_iso(start)} must be before --to ({_iso(end)})")
+    projects = frozenset(p.strip() for item in project or [] for p in item.split(",") if p.strip())
+    store = open_store(load_settings(state_dir=state_dir))
+    try:
+        report = roi_report(store, since=start, until=end, projects=projects or None)
+    finally:
+        store.close()
+    if as_json:
+        print_json(report.as_json())
+    elif as_csv:
+        typer.echo(report.as_csv(), nl=False)
+    else:
+        out.print(render_roi(report))
+
+
+def render_roi(report: Any) -> Table:
+    from rich.table import Table
+
+    table = Table(title=f"return on burst spend, {_iso(report.since)} to {_iso(report.until)}")
+    for column in ("project", "month"):
+        table.add_column(column)
+    for column in ("burst $", "burst GPU h", "burst jobs", "predicted", "late",
+                   "wait avoided h", "$ / h avoided"):
+        table.add_column(column, justify="right")
+
+    def values(row: Any) -> list[str]:
+        data = row.as_json()
+        per_hour = data["usd_per_hour_avoided"]
+        return [f"{Decimal(data['burst_cost_usd']):,.2f}", f"{data['burst_gpu_hours']:,.2f}",
+                str(row.burst_jobs), str(row.predicted_jobs), str(row.late_jobs),
+                f"{row.hours_avoided:,.2f}", "-" if per_hour is None else f"{Decimal(per_hour):,.2f}"]
+
+    for row in report.rows:
+        table.add_row(key_label("project", row.project), row.month, *values(row))
+    table.add_section()
+    table.add_row("total", "", *values(report.total), style="bold")
+    return table
 
 
 def render_table(report: CostReport) -> Table:
@@ -222,4 +276,4 @@ def _iso(moment: datetime | None) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else "-"
 
 
-__all__ = ["budget_window_days", "daily_pace", "render_table", "report_command", "write_chart"]
+__all__ = ["budget_window_days", "daily_pace", "render_roi", "render_table", "report_command", "write_chart"]

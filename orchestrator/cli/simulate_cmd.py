@@ -24,6 +24,7 @@ def simulate_command(
     boot_median: Annotated[str, typer.Option("--boot-median", help="Median launch-to-ready time of a burst node.")] = "3m20s",
     capacity_error_rate: Annotated[float, typer.Option("--capacity-error-rate", help="Probability that a spot launch fails for lack of capacity.")] = 0.0,
     interruption_rate: Annotated[float, typer.Option("--interruption-rate", help="Spot interruptions per running spot node-hour.")] = 0.0,
+    roi: Annotated[bool, typer.Option("--roi", help="Also replay on-prem only and report each policy run's return on burst spend: waiting avoided exactly and as the planner predicted it (one more replay).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with a `runs` list.")] = False,
     png: Annotated[Path | None, typer.Option("--png", help="Write a chart of queue depth, burst nodes and cumulative cost per run.")] = None,
 ) -> None:
@@ -68,11 +69,12 @@ def simulate_command(
         boot["max_s"] = boot_s
     options = SimOptions(
         seed=seed, slo_s=slo_s, tick_s=tick_s, onprem=onprem_gpus, node_gpus=node_gpus,
-        threshold=threshold, boot=boot, backfill=backfill,
+        threshold=threshold, boot=boot, backfill=backfill, roi=roi,
         rates={"spot_capacity_error": capacity_error_rate,
                "interruptions_per_hour": interruption_rate})
     runs = list(zip(names, policies))
-    labels = names + (["never", "greedy", "threshold", "clairvoyant"] if baselines else [])
+    labels = (["on-prem only (--roi)"] if roi else []) + names + (
+        ["never", "greedy", "threshold", "clairvoyant"] if baselines else [])
     # markup=False: a run's name is a file name, and `[x]` in it must not be read as a tag.
     with Progress(TextColumn("{task.description:<14}", style="bold", markup=False), BarColumn(), TaskProgressColumn(),
                   TimeElapsedColumn(), console=err.get(), transient=True,
@@ -174,6 +176,16 @@ def render(data: dict) -> None:
     for name, count in unfinished:
         line(f"{name}: {count:,} job(s) never ran (no capacity it could use would fit them); "
              "their wait counts up to the end of the run", style="yellow")
+    for run in data["runs"]:
+        roi = run.get("roi")
+        if roi:
+            error = roi["prediction_error_h"]
+            line(f"{run['name']}: return on burst spend: {roi['burst_jobs']:,} burst job(s), "
+                 f"{_money(roi['burst_cost_usd'])}, waiting avoided {roi['hours_avoided_exact']:,.1f} h "
+                 f"exactly ({_money(roi['usd_per_hour_avoided_exact'])}/h), "
+                 f"{roi['hours_avoided_predicted']:,.1f} h as predicted for "
+                 f"{roi['predicted_jobs']:,} job(s) (per-job error median "
+                 f"{error['median_abs']:.2f} h, p90 {error['p90_abs']:.2f} h)")
     projects = sorted({p for r in data["runs"] for p in r["projects"]})
     if 1 < len(projects) <= 16:
         per = Table(title="SLO attainment by project (jobs / GPU-hours)")

@@ -48,11 +48,12 @@ from orchestrator.domain.plan import (
     Plan,
     Rule,
 )
-from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PrewarmRequest, Snapshot
+from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import Demand, absorb
+from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
 from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
@@ -103,6 +104,16 @@ def decision_id(policy: str, now: datetime, blocks: tuple = ()) -> str:
     """
     cache = ",".join(sorted(f"{b.offering_key}@{b.until.isoformat()}" for b in blocks))
     return "d-" + hashlib.sha256(f"{policy}|{now.isoformat()}|{cache}".encode()).hexdigest()[:12]
+
+
+def _burst_wait(wanted: list[str], demand: Demand, queue: PoolQueue, now: datetime) -> dict:
+    """``inputs.burst_wait``: per job in ``wanted``, the predicted on-prem start in seconds after
+    the decision (None: the model never starts it on-prem). The jobs that stay queued had they
+    not been burst are every pending job not starting on-prem now, in scheduling order."""
+    onprem = {job.id for job in demand.onprem_absorbed}
+    queued = (job for job in demand.ordered if job.id not in onprem)
+    starts = predict_onprem_starts(queued, demand.onprem_absorbed, queue, now, wanted)
+    return {"predicted_onprem_start_s": {j: starts[j] for j in sorted(starts)}}
 
 
 def _child_id(prefix: str, parent: str, index: int) -> str:
@@ -167,6 +178,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     candidates, rejected = list(resolved_.candidates), list(resolved_.rejected)
     rule, summary, options, chosen, held_back = Rule.NO_DEMAND, "", list(rejected), None, ()
     launches: list[Launch] = []
+    burst_for: list[str] = []  # ids of the jobs this tick's launches are for
     # Priced alternatives are recorded whenever there is demand, even when nothing launches, so
     # "why did it not burst" can be answered with the money involved.
     ranked = _rank(candidates, options, demand, resolved_) if candidates else []
@@ -232,6 +244,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
                 chosen = Counter(lc.offering.key for lc in launches).most_common(1)[0][0]
         if launches:
             rule = Rule.SCALE_UP
+            burst_for = [job for grant in grants for job in grant.jobs]
             kinds = sorted({lc.offering.key for lc in launches})
             summary = (f"launching {len(launches)} node(s) ({', '.join(kinds)}) for "
                        f"{demand.unmet_gpus} unmet GPU(s) of {_projects(demand)}; trigger: {trigger_text}")
@@ -249,6 +262,11 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
 
     if split is not None and (split.deferred or split.waiting):
         summary = f"{summary}; {split.text()}"
+    # The wait each job burst this tick avoids (planner.forecast): the jobs launched for, and
+    # those about to start on burst nodes ready or booting.
+    if queue is not None and (burst_for or demand.burst_absorbed):
+        inputs["burst_wait"] = _burst_wait([*burst_for, *(j.id for j in demand.burst_absorbed)],
+                                           demand, queue, now)
 
     if prewarm is not None:
         if budget is None and candidates:

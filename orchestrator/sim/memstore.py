@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
@@ -37,7 +37,10 @@ class SimStore:
         self.rules: Counter[str] = Counter()
         self.held_back: Counter[str] = Counter()  # limit -> decisions it held launches back in
         self.events = 0
-        self.terminated_log: list[str] = []  # node ids in the order they were terminated
+        self.terminated_log: list[str] = []
+        # Per job id, the on-prem starts the planner predicted when it launched for the job
+        # (decision time, predicted start or None), oldest first: see orchestrator.sim.roi.
+        self.predictions: dict[str, list[tuple[datetime, datetime | None]]] = {}  # node ids in the order they were terminated
         self.version = 0  # bumped on every node change (lets the snapshot cache its node tuple)
         self._live_tuple: tuple[Node, ...] | None = ()
 
@@ -114,6 +117,10 @@ class SimStore:
         self.rules[str(decision.rule)] += 1
         for limit in decision.held_back_by:
             self.held_back[limit] += 1
+        starts = (decision.inputs.get("burst_wait") or {}).get("predicted_onprem_start_s")
+        for job_id, offset in (starts or {}).items():
+            predicted = None if offset is None else decision.at + timedelta(seconds=offset)
+            self.predictions.setdefault(job_id, []).append((decision.at, predicted))
 
     def load_memory(self) -> dict[str, PolicyMemory]:
         return dict(self._memory)

@@ -30,6 +30,7 @@ from orchestrator.sim.controllers import (
 from orchestrator.sim.engine import Engine, Sample, SimClock
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.metrics import Outcome, summarize
+from orchestrator.sim.roi import onprem_starts, sim_roi
 from orchestrator.sim.traces import Trace
 from orchestrator.sim.world import DONE, PENDING, Backfill, World, at
 from orchestrator.wiring import Settings, build_provider
@@ -70,6 +71,9 @@ class SimOptions:
     boot: dict = field(default_factory=dict)
     rates: dict = field(default_factory=dict)
     chart_points: int = 600
+    # Also replay on-prem only and report each policy run's return on burst spend, exact and as
+    # the planner predicted it (orchestrator.sim.roi): one more replay (``burst simulate --roi``).
+    roi: bool = False
 
 
 @dataclass
@@ -191,7 +195,9 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
 def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy: Policy,
                    trace: Trace, sizing: OnPremSizing, options: SimOptions,
                    progress: Callable[[float], None] | None = None,
-                   timings: dict | None = None) -> tuple[dict, list[Sample]]:
+                   timings: dict | None = None,
+                   counterfactual: dict[int, float | None] | None = None
+                   ) -> tuple[dict, list[Sample]]:
     """Replay ``trace`` with ``controller`` deciding about burst nodes; (run JSON, chart series)."""
     began = time.perf_counter()
     engine = replay(controller, policy, sim_policy, trace, sizing, options, progress)
@@ -235,6 +241,9 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
         extra["ticks"] = counters.ticks
         extra["decisions_by_rule"] = dict(sorted(store.rules.items()))
         extra["held_back_by"] = dict(sorted(store.held_back.items()))
+        if counterfactual is not None:
+            extra["roi"] = sim_roi(world.jobs, store.predictions, counterfactual, cost / 1e6,
+                                   billed_gpu_s)
     run = summarize(name, controller.kind, options.slo_s, outcomes, cost_micro=cost,
                     billed_gpu_s=billed_gpu_s, busy_gpu_s=busy_gpu_s, idle_micro=idle,
                     lost_gpu_s=lost, span_s=max(trace.span_s, 1.0),
@@ -318,10 +327,19 @@ def simulate(trace: Trace, policies: Sequence[tuple[str, Policy]], *, baselines:
             return None
         return lambda fraction: progress(name, fraction)
 
+    counterfactual = None
+    if options.roi:  # the on-prem-only replay each policy run's burst jobs are compared with
+        began = time.perf_counter()
+        never = replay(NeverController(), reference, as_simulated(reference, sizing), trace,
+                       sizing, options, reporter("on-prem only (--roi)"))
+        counterfactual = onprem_starts(never.world.jobs)
+        result.timings["roi-counterfactual"] = {"wall_s": round(time.perf_counter() - began, 3),
+                                                "plan_s": 0.0, "plans": 0}
     for name, policy in policies:
         sim_policy = as_simulated(policy, sizing)
         run, samples = run_controlled(name, PolicyController(sim_policy, name), policy, sim_policy,
-                                      trace, sizing, options, reporter(name), result.timings)
+                                      trace, sizing, options, reporter(name), result.timings,
+                                      counterfactual)
         result.data["cloud"] = run.pop("cloud")
         runs.append(run)
         result.series[name] = samples

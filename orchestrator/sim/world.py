@@ -73,7 +73,7 @@ class SimJob:
 
     __slots__ = ("index", "trace", "gpus", "key", "state", "pending_since", "wait_s", "start_s",
                  "end_s", "where", "alloc", "attempt", "domain", "eligible", "burst_nodes",
-                 "lost_gpu_s", "restarts")
+                 "lost_gpu_s", "restarts", "burst_start_s")
 
     def __init__(self, index: int, trace: TraceJob, key: tuple, domain: Job):
         self.index = index
@@ -93,6 +93,7 @@ class SimJob:
         self.burst_nodes: tuple[str, ...] = ()
         self.lost_gpu_s = 0.0  # GPU-seconds of attempts cut short (node gone), redone later
         self.restarts = 0
+        self.burst_start_s: float | None = None  # its first start on a burst node
 
 
 def _head(heap: list) -> tuple | None:
@@ -366,6 +367,8 @@ class World:
                 self._node_runs[index][job.index] = (end, used)
             return
         self.running_burst += 1
+        if job.burst_start_s is None:
+            job.burst_start_s = now
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
         job.burst_nodes = ids
         for (index, used), node_id in zip(alloc, ids):

@@ -30,6 +30,7 @@ from sqlalchemy import Connection
 from orchestrator.domain.costs import JobUsage
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.burstwaits import mark_burst_start
 
 _CHUNK = 500  # keys per IN (...) list: well inside every driver's parameter limit
 _r = T.job_runs.c
@@ -114,7 +115,11 @@ def open_run(conn: Connection, insert: Any, run: JobRun) -> bool:
         raise ValueError(f"run {run.run_key} ends {run.ended_at.isoformat()} before it starts "
                          f"{run.started_at.isoformat()}")
     stmt = insert.values(**_values(run)).on_conflict_do_nothing(index_elements=["run_key"])
-    return conn.execute(stmt).rowcount == 1
+    if conn.execute(stmt).rowcount != 1:
+        return False
+    # The wait the burst avoided: the job's first burst start answers its prediction.
+    mark_burst_start(conn, run.job_id, run.node_id, run.project, run.gpus, run.started_at)
+    return True
 
 
 def close_run(conn: Connection, run_key: str, at: datetime, outcome: str) -> bool:

@@ -22,6 +22,7 @@ from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
 from orchestrator.policy.models import Market
 from orchestrator.store import tables as T
 from orchestrator.store.base import require_aware
+from orchestrator.store.burstwaits import BurstWaits, record_predictions
 from orchestrator.store.codec import (
     decision_fingerprint,
     decision_from_json,
@@ -111,8 +112,8 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
     return replace(decision, repeats=int(row.repeats), last_seen_at=row.last_seen_at)
 
 
-class Store(JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger, ApiTokens,
-            Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices, Fencing):
+class Store(BurstWaits, JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger,
+            ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 
@@ -249,6 +250,7 @@ class Store(JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger, Ap
                 sa.or_(c.id == decision.id, c.last_id == decision.id)).limit(1)).scalar()
             if seen is not None:
                 return str(seen)
+            record_predictions(conn, self._insert(T.burst_waits), decision)
             latest = conn.execute(
                 sa.select(c.id, c.fingerprint, c.last_seen_at).where(c.policy == decision.policy)
                 .order_by(c.last_seen_at.desc(), c.id.desc()).limit(1)).first()

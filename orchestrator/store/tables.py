@@ -229,6 +229,27 @@ class JobRunRow(Base):
     source: Mapped[str] = mapped_column(sa.String(16))
 
 
+class BurstWaitRow(Base):
+    """The wait a burst avoided, per job: the on-prem start the planner predicted when it
+    launched burst nodes for the job (``predicted_start``; NULL: the model never starts it
+    on-prem), written with that decision, and the job's first start on a burst node
+    (``started_at``, with its node, project and GPUs), written with that run. A newer prediction
+    replaces an older one until the job starts; after that the row is final (see
+    ``store.burstwaits``)."""
+
+    __tablename__ = "burst_waits"
+
+    job_id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    decision_id: Mapped[str] = mapped_column(sa.String(STR_ID))
+    predicted_at: Mapped[datetime]
+    predicted_start: Mapped[datetime | None]
+    started_at: Mapped[datetime | None] = mapped_column(index=True)
+    node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID))
+    project: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    gpus: Mapped[int | None] = mapped_column(sa.Integer)
+
+
 class JoinAttemptRow(Base):
     """Audit log of node-agent registration attempts, successful or not."""
 
@@ -495,6 +516,7 @@ policy_memory: sa.Table = PolicyMemoryRow.__table__  # type: ignore[assignment]
 capacity_blocks: sa.Table = CapacityBlockRow.__table__  # type: ignore[assignment]
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 job_runs: sa.Table = JobRunRow.__table__  # type: ignore[assignment]
+burst_waits: sa.Table = BurstWaitRow.__table__  # type: ignore[assignment]
 join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
 fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
 pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]

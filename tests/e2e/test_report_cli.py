@@ -183,3 +183,28 @@ def test_report_on_the_embedded_state_dir(tmp_path: Path, monkeypatch: pytest.Mo
     result = run("report", *WINDOW, "--group-by", "project", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["total"]["cost_usd"] == "600.00"
+
+
+def test_report_roi_prints_the_return_on_burst_spend(store: Store, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.costs.roi import roi_report
+    from tests.integration.test_roi import seed_roi
+
+    seed_roi(store)
+    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("BURST_DATABASE_URL", store.engine.url.render_as_string(hide_password=False))
+    window = ["--from", "2025-03-01", "--to", "2025-04-01"]
+    data = json.loads(run("report", "--roi", *window, "--json").stdout)
+    assert data == roi_report(store, since=T0.replace(day=1, hour=0),
+                              until=T0.replace(month=4, day=1, hour=0)).as_json()
+    assert [(r["project"], r["month"], r["burst_jobs"]) for r in data["rows"]] == [
+        ("research", "2025-03", 3), ("vision", "2025-03", 1)]
+    table = run("report", "--roi", *window)
+    assert table.exit_code == 0
+    assert "research" in table.stdout and "24.00" in table.stdout and "total" in table.stdout
+    rows = list(csv.DictReader(io.StringIO(run("report", "--roi", *window, "--project", "vision",
+                                               "--csv").stdout)))
+    assert [(r["project"], r["hours_avoided"]) for r in rows] == [("vision", "0.8333")]
+    assert run("report", "--roi", *window, "--project", "nobody", "--json").exit_code == 0
+    refused = run("report", "--roi", "--png", str(tmp_path / "x.png"))
+    assert refused.exit_code != 0 and "--png" in refused.output

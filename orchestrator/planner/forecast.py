@@ -1,0 +1,121 @@
+"""The on-prem start the planner predicts for the jobs it bursts: the wait a burst avoids.
+
+When the planner bursts jobs, the decision records, per job, when that job would have started had
+it stayed on-prem (``inputs.burst_wait``): the jobs it launches burst nodes for, and the jobs about
+to start on burst nodes already ready or booting (absorbed there instead of queueing on-prem; the
+latest prediction before a job's burst start is the one kept). The cost
+ledger keeps it next to the job's actual start on its burst node, and ``burst report --roi``
+turns the difference into researcher-hours of waiting avoided per project and month.
+
+The model is the one :mod:`.wait` uses, carried to the end instead of stopping at a deadline: the
+pool's on-prem GPUs, free now (less what the jobs absorbed this tick take), free up at the running
+on-prem jobs' expected ends; every pending job not starting on-prem this tick, in scheduling order
+(the counterfactual keeps them all on-prem, so the ones ahead of a job queue before it), is placed at the first
+moment its GPUs stay free for its expected runtime. GPUs are pooled (node fragmentation is
+ignored) and future arrivals are unknown, so the prediction tends to be early; the simulator
+checks it against the exact on-prem-only replay (``docs/utilisation.md``).
+
+A job gets no prediction (``None``) when the model never starts it: it is wider than all the
+on-prem GPUs, or a job ahead of it without an expected runtime holds GPUs for ever, or it is
+beyond the first :data:`MAX_JOBS` queued jobs (a bound on the work of one tick: placing a job
+walks the free-GPU profile, so a tick costs O(jobs x breakpoints)).
+
+The profile is piecewise constant: ``times`` (seconds from now, increasing, the first 0) and
+``free`` (GPUs free from that time to the next). Pure: ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Collection, Iterable
+from datetime import datetime
+
+from orchestrator.domain.jobs import Job
+from orchestrator.domain.snapshot import PoolQueue
+
+MAX_JOBS = 500  # unmet jobs placed per tick at most; later ones get no prediction
+INF = math.inf
+
+
+class _Profile:
+    """Free on-prem GPUs over time from now (see the module docstring)."""
+
+    __slots__ = ("free", "times")
+
+    def __init__(self, free_now: int) -> None:
+        self.times: list[float] = [0.0]
+        self.free: list[int] = [free_now]
+
+    def _split(self, t: float) -> int:
+        """The index of the segment starting at ``t`` (inserting a breakpoint if needed)."""
+        i = bisect_left(self.times, t)
+        if i < len(self.times) and self.times[i] == t:
+            return i
+        self.times.insert(i, t)
+        self.free.insert(i, self.free[i - 1])
+        return i
+
+    def add(self, gpus: int, start: float, end: float) -> None:
+        """``gpus`` more free (negative: fewer) from ``start`` to ``end`` (INF: for ever)."""
+        i = self._split(start)
+        j = len(self.times) if end == INF else self._split(end)
+        for k in range(i, j):
+            self.free[k] += gpus
+
+    def first_fit(self, gpus: int, length: float) -> float | None:
+        """The earliest time from which ``gpus`` stay free for ``length`` seconds (INF: for
+        ever), or None if there is none."""
+        times, free = self.times, self.free
+        n = len(times)
+        i = 0
+        while i < n:
+            if free[i] < gpus:
+                i += 1
+                continue
+            end = times[i] + length
+            j = i
+            while j < n and times[j] < end and free[j] >= gpus:
+                j += 1
+            if j == n or times[j] >= end:
+                return times[i]
+            i = j + 1  # segment j is short: no window can start at or before it
+        return None
+
+
+def predict_onprem_starts(unmet: Iterable[Job], onprem_absorbed: Iterable[Job], queue: PoolQueue,
+                          now: datetime, wanted: Collection[str]) -> dict[str, float | None]:
+    """For each job id in ``wanted`` (jobs of ``unmet``), the seconds from ``now`` at which the
+    model starts it on-prem, or None where it does not (see the module docstring). ``unmet``:
+    the tick's unmet jobs in scheduling order; ``onprem_absorbed``: those that start on free
+    on-prem GPUs this tick."""
+    left = set(wanted)
+    out: dict[str, float | None] = {}
+    if not left:
+        return out
+    profile = _Profile(queue.onprem.free_gpus)
+    for job in onprem_absorbed:  # they start now, on GPUs counted free above
+        profile.add(-job.gpus, 0.0, _length(job))
+    for release in queue.onprem_releases:
+        profile.add(release.gpus, max((release.ends_at - now).total_seconds(), 0.0), INF)
+    for placed, job in enumerate(unmet):
+        if placed >= MAX_JOBS:
+            break
+        start = profile.first_fit(job.gpus, _length(job))
+        if start is not None:
+            profile.add(-job.gpus, start, start + _length(job))
+        if job.id in left:
+            out[job.id] = None if start is None else round(start, 1)
+            left.discard(job.id)
+            if not left:
+                break
+    for job_id in left:  # beyond MAX_JOBS, or not among the unmet jobs
+        out[job_id] = None
+    return out
+
+
+def _length(job: Job) -> float:
+    return INF if job.duration_s is None else max(float(job.duration_s), 1.0)
+
+
+__all__ = ["MAX_JOBS", "predict_onprem_starts"]
