@@ -25,7 +25,8 @@ family                                     type       labels / meaning
 
 More store-side families (lifecycle latency histograms, launch failures per offering, nodes past
 a timeout, budget grades and forecasts, cumulative cost, leader tenures, build info) are in
-:mod:`orchestrator.api.fleet_metrics`; the process-side ones (provider calls, decisions, launches
+:mod:`orchestrator.api.fleet_metrics`, measured GPU use and idle GPUs in
+:mod:`orchestrator.api.usage_metrics`; the process-side ones (provider calls, decisions, launches
 held back, tick histogram; merged across Celery workers in multiprocess mode) in
 :mod:`orchestrator.instruments`. docs/monitoring.md lists them all.
 
@@ -48,7 +49,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from orchestrator.api import fleet_metrics
+from orchestrator.api import fleet_metrics, usage_metrics
 from orchestrator.domain.nodes import NodeState
 from orchestrator.instruments import process_collectors
 from orchestrator.domain.plan import ActionReason
@@ -96,6 +97,7 @@ class StoreCollector(Collector):
                     ("lifecycle", lambda: fleet_metrics.lifecycle_families(rt)),
                     ("failures", lambda: fleet_metrics.failure_families(rt, now)),
                     ("ledger", lambda: fleet_metrics.ledger_families(rt)),
+                    ("utilisation", lambda: usage_metrics.utilisation_families(rt, now)),
                     ("build", fleet_metrics.build_info))
         for name, section in sections:
             # Each group is read whole before any of it is yielded, and a failing group is

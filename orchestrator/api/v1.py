@@ -35,6 +35,7 @@ from orchestrator.api.auth import (
     require_role,
 )
 from orchestrator.api.problems import Problem
+from orchestrator.api.usage_metrics import job_flagged, node_flagged
 from orchestrator.domain.jobs import USER_RE, JobState
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
@@ -43,6 +44,7 @@ from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
 from orchestrator.store.tokens import PROJECT_RE, ApiToken, Role
+from orchestrator.store.usage import JobUtilisation
 from orchestrator.wiring import Runtime
 
 # Pool, policy and provider names in queries: policies name them with lower-case letters, digits
@@ -91,9 +93,18 @@ class NodeOut(BaseModel):
     created_at: str
     age_s: float
     instance_id: str | None
+    gpu_utilisation_percent: float | None = Field(
+        default=None, description="Mean measured GPU utilisation of its last reading (the GPUs "
+        "jobs hold, else all); null: unknown (nothing measurable), never 0.")
+    low_utilisation_since: str | None = Field(
+        default=None, description="Since when its jobs' GPUs sit under "
+        "utilisation.idle_below_percent (null: not low, or unknown).")
+    low_utilisation: bool = Field(
+        default=False, description="Flagged: under the threshold for utilisation.idle_for.")
 
     @classmethod
-    def of(cls, node: Node, now: datetime, gpus_busy: int | None = None) -> NodeOut:
+    def of(cls, node: Node, now: datetime, gpus_busy: int | None = None,
+           flagged: bool = False) -> NodeOut:
         return cls(
             id=node.id, policy=node.policy, pool=node.pool, project=node.project,
             provider=node.provider, offering=node.offering_key, instance_type=node.instance_type,
@@ -102,6 +113,8 @@ class NodeOut(BaseModel):
             price_usd_hour=node.price_usd_hour, state=node.state,
             state_since=iso(node.state_since) or "", created_at=iso(node.created_at) or "",
             age_s=round((now - node.created_at).total_seconds(), 1), instance_id=node.instance_id,
+            gpu_utilisation_percent=node.gpu_utilisation_percent,
+            low_utilisation_since=iso(node.low_utilisation_since), low_utilisation=flagged,
         )
 
 
@@ -127,9 +140,18 @@ class JobOut(BaseModel):
     finished_at: str | None = Field(default=None, description="When it finished or was cancelled.")
     wait_s: float = Field(description="Seconds waited: until now while pending, until the start "
                                       "once running (until the cancel if cancelled unstarted).")
+    gpu_utilisation_percent: float | None = Field(
+        default=None, description="Time-weighted mean measured utilisation of its GPUs so far; "
+        "null: unknown (not measured), never 0.")
+    measured_gpu_s: float | None = Field(
+        default=None, description="GPU-seconds of it that were measured (null: no reading).")
+    low_utilisation: bool = Field(
+        default=False, description="Running, its GPUs measured under "
+        "utilisation.idle_below_percent for utilisation.idle_for.")
 
     @classmethod
-    def of(cls, job: JobRecord, now: datetime) -> JobOut:
+    def of(cls, job: JobRecord, now: datetime, use: JobUtilisation | None = None,
+           flagged: bool = False) -> JobOut:
         return cls(
             id=job.id, project=job.project, user=job.user, pool=job.pool, gpus=job.gpus,
             priority=job.priority,
@@ -138,6 +160,9 @@ class JobOut(BaseModel):
             node_id=job.node_id, submitted_at=iso(job.submitted_at) or "",
             started_at=iso(job.started_at), finished_at=iso(job.finished_at),
             wait_s=_wait(job, now),
+            gpu_utilisation_percent=use.mean_utilisation_percent if use else None,
+            measured_gpu_s=round(use.measured_gpu_s, 1) if use else None,
+            low_utilisation=flagged,
         )
 
 
@@ -215,8 +240,9 @@ def router(runtime: Runtime) -> APIRouter:
                  and (provider is None or n.provider == provider)]
         # The stored row's gpus_busy is not kept current; the running jobs are (as in `status`).
         busy = runtime.store.gpus_busy_by_node()
-        return NodesOut(at=iso(now) or "",
-                        nodes=[NodeOut.of(n, now, busy.get(n.id, 0)) for n in nodes[-limit:]])
+        return NodesOut(at=iso(now) or "", nodes=[
+            NodeOut.of(n, now, busy.get(n.id, 0), node_flagged(runtime, n, now))
+            for n in nodes[-limit:]])
 
     @api.get("/decisions", tags=["decisions"])
     def list_decisions(
@@ -271,8 +297,14 @@ def router(runtime: Runtime) -> APIRouter:
                 running_jobs=sum(1 for j in jobs if j.pool == name and j.state is JobState.RUNNING),
                 oldest_wait_s=max(waits, default=0.0),
                 mean_wait_s=round(sum(waits) / len(waits), 1) if waits else 0.0))
-        return QueueOut(at=iso(now) or "", pools=summary,
-                        jobs=[JobOut.of(j, now) for j in jobs[:limit]])
+        shown = jobs[:limit]
+        uses = {u.job_id: u for u in runtime.store.job_utilisation(
+            [j.id for j in shown if j.state is JobState.RUNNING])}
+        policy_of = {n.id: n.policy for n in runtime.store.nodes()} if uses else {}
+        return QueueOut(at=iso(now) or "", pools=summary, jobs=[
+            JobOut.of(j, now, uses.get(j.id), j.state is JobState.RUNNING and job_flagged(
+                runtime, uses.get(j.id), policy_of.get(j.node_id or ""), now))
+            for j in shown])
 
     @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut,
               responses={200: {"description": "a repeat of an earlier submission with the same "

@@ -93,6 +93,17 @@ def _submitter(user: str | None) -> str:
         fail(f"--user: {exc}")
 
 
+def _utilisation_cell(node: dict, now: datetime) -> str:
+    """The status table's GPU use of a node: measured percent, "unknown", and the idle flag."""
+    percent = node["gpu_utilisation_percent"]
+    if percent is None:
+        return "unknown"
+    if node["low_utilisation"]:
+        since = datetime.fromisoformat(node["low_utilisation_since"])
+        return f"{percent:.0f}% idle {age((now - since).total_seconds())}"
+    return f"{percent:.0f}%"
+
+
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                    as_json: Annotated[bool, typer.Option("--json", help="Print pools, policies, queue, nodes and capacity blocks as one JSON object.")] = False,
                    all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False,
@@ -105,6 +116,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
     from orchestrator.domain.jobs import NO_USER_LABEL, JobState
     from orchestrator.domain.nodes import NodeState
+    from orchestrator.domain.utilisation import low_utilisation
     from orchestrator.sources.builtin import BuiltinQueue
 
     settings = _settings(state_dir)
@@ -118,8 +130,22 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     blocks = store.capacity_blocks(now)
     pending = store.jobs(states=[JobState.PENDING], limit=limit)
     pending_total = sum(q.pending_jobs for q in pools_summary)
+    on_nodes = {n.id: n for n in nodes}
+    running_here = [j for j in store.jobs(states=[JobState.RUNNING]) if j.node_id in on_nodes]
+    uses = {u.job_id: u for u in store.job_utilisation([j.id for j in running_here])}
     overview, latest = policy_overview(store, policies, now)
     store.close()
+    idle_for = {p.name: p.utilisation.idle_for for p in policies}
+
+    def flagged(since, policy_name: str) -> bool:
+        return policy_name in idle_for and low_utilisation(since, idle_for[policy_name], now)
+
+    low_jobs = [{
+        "id": j.id, "project": j.project, "node": j.node_id, "gpus": j.gpus,
+        "gpu_utilisation_percent": uses[j.id].mean_utilisation_percent,
+        "low_since": uses[j.id].low_since.isoformat(),
+    } for j in running_here if j.id in uses
+        and flagged(uses[j.id].low_since, on_nodes[j.node_id].policy)]
     reasons = job_reasons(pending, policies, latest)
     loop = running.read(settings.state_dir)
     data = {
@@ -145,7 +171,12 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             "offering": n.offering_key, "instance_type": n.instance_type, "market": str(n.market),
             "gpus": n.gpus, "gpus_busy": busy.get(n.id, 0), "price_usd_hour": n.price_usd_hour,
             "instance_id": n.instance_id, "project": n.project,
+            "gpu_utilisation_percent": n.gpu_utilisation_percent,
+            "low_utilisation_since": (n.low_utilisation_since.isoformat()
+                                      if n.low_utilisation_since else None),
+            "low_utilisation": flagged(n.low_utilisation_since, n.policy),
         } for n in nodes],
+        "low_utilisation_jobs": low_jobs,
         "capacity_blocks": [{"offering": b.offering_key, "until": b.until.isoformat(), "reason": b.reason}
                             for b in blocks],
     }
@@ -176,15 +207,26 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                           str(j["priority"]), age(j["wait_s"]), j["held_back"]["text"])
         out.print(queue)
     table = Table(title=f"burst nodes ({len(nodes)})")
-    for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "$/h", "project"):
+    for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "GPU util", "$/h",
+                "project"):
         table.add_column(col)
     colours = {NodeState.READY: "green", NodeState.FAILED: "red", NodeState.DRAINING: "yellow"}
     for n, d in zip(nodes, data["nodes"], strict=True):
         colour = colours.get(n.state, "cyan")
         table.add_row(n.id, Text(str(n.state), style=colour), age(d["age_s"]), n.provider,
                       f"{n.instance_type} ({n.market})", f"{d['gpus_busy']}/{n.gpus}",
-                      f"{n.price_usd_hour:.2f}", n.project or "-")
+                      _utilisation_cell(d, now), f"{n.price_usd_hour:.2f}", n.project or "-")
     out.print(table)
+    if low_jobs:
+        idle = Table(title=f"jobs with idle GPUs ({len(low_jobs)}): allocated, measured under "
+                           "utilisation.idle_below_percent")
+        for col in ("job", "project", "node", "GPUs", "GPU util", "low for"):
+            idle.add_column(col)
+        for j in low_jobs:
+            low_for = (now - datetime.fromisoformat(j["low_since"])).total_seconds()
+            idle.add_row(j["id"], j["project"], j["node"], str(j["gpus"]),
+                         f"{j['gpu_utilisation_percent']:.0f}%", age(low_for))
+        out.print(idle)
     if blocks:
         cache = Table(title="offerings excluded after capacity errors")
         for col in ("offering", "until", "reason"):

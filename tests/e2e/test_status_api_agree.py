@@ -8,6 +8,7 @@ answers are compared field by field with what `burst status --json` prints.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ import httpx
 
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import Market, Node, NodeState
+from orchestrator.domain.utilisation import GpuUse
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.store import Store
 from tests.e2e.helpers import FAST_POLICY, burst_cmd, burst_json, free_port, run_burst, wait_for
@@ -63,6 +65,14 @@ def seed(env: dict[str, str], state: Path) -> None:
         running = [j for j in store.jobs(states=[JobState.PENDING]) if j.project == "research"]
         for job in running[:2]:  # two 2-GPU jobs on the ready node: 4/4 busy
             assert store.start_job(job, placement=Placement.BURST, node_id="fast-n1", at=at)
+        # Measured: the ready node's jobs have barely used their GPUs for 40 minutes (past
+        # utilisation.idle_for, 30m); the booting node has no reading (unknown).
+        low_since = datetime.now(UTC) - timedelta(minutes=40)
+        uses = [GpuUse(i, 2.0, 100.0, 16000.0, running[i // 2].id) for i in range(4)]
+        store.record_gpu_readings(store.get_node("fast-n1"), low_since, 5.0, uses,
+                                  below_percent=5.0)
+        assert store.update_node(store.get_node("fast-n1"), gpu_utilisation_percent=2.0,
+                                 low_utilisation_since=low_since)
     finally:
         store.close()
 
@@ -98,11 +108,29 @@ def test_status_json_and_the_api_show_the_same_figures(tmp_path: Path):
         proc.communicate(timeout=60)
 
     # Nodes: the same nodes, states, GPUs, GPUs busy (4/4 on the ready one), prices, offerings.
-    keys = ("state", "gpus", "gpus_busy", "price_usd_hour", "instance_type", "market", "project")
+    keys = ("state", "gpus", "gpus_busy", "price_usd_hour", "instance_type", "market", "project",
+            "gpu_utilisation_percent", "low_utilisation")
     cli_nodes = {n["id"]: {k: n[k] for k in keys} for n in status["nodes"]}
     api_nodes = {n["id"]: {k: n[k] for k in keys} for n in nodes}
     assert cli_nodes == api_nodes
     assert cli_nodes["fast-n1"]["gpus_busy"] == 4 and cli_nodes["fast-n2"]["gpus_busy"] == 0
+    # Idle GPUs: the ready node and its two jobs are flagged; the booting node is unknown.
+    def low_since(found: list[dict]) -> dict:
+        return {n["id"]: n["low_utilisation_since"] and datetime.fromisoformat(
+            n["low_utilisation_since"]) for n in found}
+
+    assert low_since(status["nodes"]) == low_since(nodes)
+    assert (cli_nodes["fast-n1"]["gpu_utilisation_percent"], cli_nodes["fast-n1"]["low_utilisation"]
+            ) == (2.0, True)
+    assert (cli_nodes["fast-n2"]["gpu_utilisation_percent"], cli_nodes["fast-n2"]["low_utilisation"]
+            ) == (None, False)
+    flagged = {j["id"] for j in queue["jobs"] if j["low_utilisation"]}
+    assert flagged == {j["id"] for j in status["low_utilisation_jobs"]} and len(flagged) == 2
+    assert {j["gpu_utilisation_percent"] for j in queue["jobs"] if j["id"] in flagged} == {2.0}
+    human = run_burst("status", "-p", str(FAST_POLICY), env={**env, "COLUMNS": "250"},
+                      check=True).stdout
+    assert re.search(r"2% idle 4\dm", human), human  # low for 40 minutes and counting
+    assert "unknown" in human and "jobs with idle GPUs (2)" in human
     assert {n["id"]: n["offering"] for n in status["nodes"]} == {n["id"]: n["offering"] for n in nodes}
 
     # Pools: pending jobs and GPUs.

@@ -146,3 +146,42 @@ def test_a_real_agent_heartbeats_its_readings_into_the_api(store: Store, tmp_pat
         runner.join(WAIT_S)
         server.stop()
     assert not runner.is_alive()
+
+
+def test_idle_gpus_are_flagged_in_the_api_and_the_metrics(store: Store, tmp_path: Path) -> None:
+    from orchestrator.domain.jobs import Placement
+    from orchestrator.domain.nodes import NodeState
+    from tests.builders import POLICY
+    from tests.integration.api_support import bearer, make_tokens, served
+    from tests.integration.test_api_metrics import scrape
+
+    rig = make_rig(store)
+    add_node(rig, 1, "research")
+    low_since = rig.now - timedelta(minutes=31)  # past utilisation.idle_for (30m)
+    node = rig.move("n1", NodeState.BOOTING, NodeState.JOINING, NodeState.READY,
+                    gpu_utilisation_percent=1.5, low_utilisation_since=low_since)
+    add_node(rig, 2, "research")  # no reading: unknown
+    job = store.submit_job("research", POOL, 2, 0, 600.0, None, rig.now)
+    assert store.start_job(job, placement=Placement.BURST, node_id=node.id, at=low_since)
+    store.record_gpu_readings(node, low_since, 5.0, [GpuUse(0, 1.0, 10.0, 80.0, job.id),
+                                                     GpuUse(1, 2.0, 10.0, 80.0, job.id)],
+                              below_percent=5.0)
+    tokens = make_tokens(store, rig)
+    with served(runtime_of(rig, tmp_path)) as client:
+        nodes = {n["id"]: n for n in client.get("/v1/nodes", headers=bearer(tokens.admin))
+                 .json()["nodes"]}
+        queue = client.get("/v1/queue", headers=bearer(tokens.viewer)).json()
+        metrics = scrape(client, tokens.admin)
+    assert (nodes["n1"]["gpu_utilisation_percent"], nodes["n1"]["low_utilisation"]) == (1.5, True)
+    assert (nodes["n2"]["gpu_utilisation_percent"], nodes["n2"]["low_utilisation"]) == (
+        None, False)
+    [running] = [j for j in queue["jobs"] if j["id"] == job.id]
+    assert (running["gpu_utilisation_percent"], running["low_utilisation"]) == (1.5, True)
+    assert running["measured_gpu_s"] == 10.0
+    policy = (("policy", POLICY),)
+    assert metrics["burst_gpu_low_utilisation_nodes"][
+        ("burst_gpu_low_utilisation_nodes", policy)] == 1
+    assert metrics["burst_gpu_low_utilisation_jobs"][
+        ("burst_gpu_low_utilisation_jobs", policy)] == 1
+    gauges = metrics["burst_node_gpu_utilisation_percent"]
+    assert [dict(labels)["node"] for _, labels in gauges] == ["n1"]  # n2: unknown, absent
