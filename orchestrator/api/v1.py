@@ -12,7 +12,9 @@ token's projects:
   per-pool depth and wait computed over those jobs only.
 * ``POST /v1/jobs``: a submitter (for its projects) or an admin queues a job, validated like
   ``burst submit``. The job's user is the token's subject (``burst token create --user``); a
-  body's ``user`` must be that subject unless the token is an admin's (403 naming ``user``).
+  body's ``user`` must be that subject unless the token is an admin's (403 naming ``user``). A list of up to
+  ``MAX_API_BATCH`` jobs is queued in one transaction (all or none; the Idempotency-Key then covers
+  the whole list; a longer list is a 413).
 * ``DELETE /v1/jobs/{id}``: the same roles cancel a pending or running job (``burst cancel``).
 """
 
@@ -23,8 +25,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from orchestrator.api.auth import (
     Caller,
@@ -41,6 +44,7 @@ from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot_json import decision_to_jsonable
 from orchestrator.policy import bounds, parse_duration
 from orchestrator.policy.timefmt import EARLIEST, LATEST, TimeFormatError, parse_aware, parse_when
+from orchestrator.store.bulk import BatchExists, JobSpec
 from orchestrator.store.jobqueue import JobExists, JobIdConflict
 from orchestrator.store.records import JobRecord
 from orchestrator.store.tokens import PROJECT_RE, ApiToken, Role
@@ -60,6 +64,7 @@ UserQuery = Annotated[list[str] | None, Query(
 MAX_PRIORITY = bounds.MAX_PRIORITY
 MAX_GPUS = bounds.MAX_JOB_GPUS
 MAX_COMMAND = 10_000
+MAX_API_BATCH = 1_000  # jobs per POST /v1/jobs list (the 1 MiB body limit holds ~10k small ones)
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -306,41 +311,74 @@ def router(runtime: Runtime) -> APIRouter:
                 runtime, uses.get(j.id), policy_of.get(j.node_id or ""), now))
             for j in shown])
 
-    @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut,
+    @api.post("/jobs", tags=["queue"], status_code=201, response_model=JobOut | list[JobOut],
+              openapi_extra={"requestBody": _JOBS_BODY},
               responses={200: {"description": "a repeat of an earlier submission with the same "
-                                              "Idempotency-Key: the job queued then"},
-                         409: {"description": "the Idempotency-Key was used for another job"}})
-    def submit_job(token: Caller, body: JobIn, response: Response,
+                                              "Idempotency-Key: the job(s) queued then"},
+                         409: {"description": "the Idempotency-Key was used for another job "
+                                              "(or batch)"},
+                         413: {"description": f"a list of more than {MAX_API_BATCH} jobs"}})
+    def submit_job(token: Caller, raw: Annotated[Any, Body(alias="body")],
+                   response: Response,
                    idempotency_key: Annotated[str | None, Header(
                        max_length=128, pattern=r"^[\x21-\x7e]+$",
-                       description="Makes a retried submission queue the job once: the same "
-                                   "key (per token) returns the job queued the first time.")
-                   ] = None) -> JobOut:
-        """Queue a job in the built-in queue (submitter of the job's project, or admin)."""
+                       description="Makes a retried submission queue the job (or the whole "
+                                   "list) once: the same key (per token) returns what was "
+                                   "queued the first time.")
+                   ] = None) -> JobOut | list[JobOut]:
+        """Queue a job, or a list of jobs in one transaction (at most ``MAX_API_BATCH``: all or
+        none), in the built-in queue (submitter of the jobs' projects, or admin)."""
+        body = _jobs_in(raw)
         require_role(token, Role.SUBMITTER)
-        if not token.sees(body.project):
-            raise Problem(403, "forbidden", f"token {token.id} may not submit jobs for project "
-                                            f"{body.project}")
-        user = submitting_user(token, body.user)
+        batch = body if isinstance(body, list) else [body]
+        if isinstance(body, list) and not body:
+            raise RequestValidationError([{"loc": ("body",), "type": "value_error",
+                                           "msg": "an empty list queues nothing; send at least "
+                                                  "one job"}])
+        if len(batch) > MAX_API_BATCH:
+            raise Problem(413, "too many jobs", f"a submission holds at most {MAX_API_BATCH} "
+                                                f"jobs, got {len(batch)}; split the list")
+        for job in batch:
+            if not token.sees(job.project):
+                raise Problem(403, "forbidden", f"token {token.id} may not submit jobs for "
+                                                f"project {job.project}")
+        users = {job.user for job in batch}
+        user = {asked: submitting_user(token, asked) for asked in users}
         pools = _pools(runtime)
         if not pools:
             raise Problem(409, "no pool", "the controller runs no policy, so no pool takes jobs")
-        pool = body.pool or pools[0]
-        if pool not in pools:
-            raise invalid("pool", f"unknown pool {pool!r}; the policies define "
-                                  f"{', '.join(pools)}", where="body")
+        for i, job in enumerate(batch):
+            if (job.pool or pools[0]) not in pools:
+                loc = ("body", i, "pool") if isinstance(body, list) else ("body", "pool")
+                raise RequestValidationError([{
+                    "loc": loc, "type": "value_error",
+                    "msg": f"unknown pool {job.pool!r}; the policies define {', '.join(pools)}"}])
         now = runtime.clock.now()
-        seconds = parse_duration(body.duration).total_seconds()
-        job_id = None
+        digest = None
         if idempotency_key is not None:
             # Scoped to the token: one tenant's keys can neither collide with nor reveal another's.
             digest = hashlib.sha256(f"{token.id}\n{idempotency_key}".encode()).hexdigest()
-            job_id = "j-k" + digest[:20]  # the queue's "j-" ids, "k" for keyed
+        if isinstance(body, list):
+            specs = [JobSpec(project=j.project, pool=j.pool or pools[0], gpus=j.gpus,
+                             priority=j.priority,
+                             duration_s=parse_duration(j.duration).total_seconds(),
+                             command=j.command, user=user[j.user]) for j in body]
+            try:
+                queued = runtime.store.submit_jobs(specs, submitted_at=now, key=digest)
+            except BatchExists as repeat:
+                response.status_code = 200
+                queued = repeat.jobs
+            except JobIdConflict:
+                raise Problem(409, "idempotency key reused",
+                              "this Idempotency-Key was used for a different batch; use a new "
+                              "key for a new batch") from None
+            return [JobOut.of(j, now) for j in queued]
+        job_id = None if digest is None else "j-k" + digest[:20]  # "j-" ids, "k" for keyed
         try:
-            job = runtime.store.submit_job(project=body.project, pool=pool, gpus=body.gpus,
-                                           priority=body.priority, duration_s=seconds,
-                                           command=body.command, submitted_at=now, job_id=job_id,
-                                           user=user)
+            record = runtime.store.submit_job(
+                project=body.project, pool=body.pool or pools[0], gpus=body.gpus,
+                priority=body.priority, duration_s=parse_duration(body.duration).total_seconds(),
+                command=body.command, submitted_at=now, job_id=job_id, user=user[body.user])
         except JobExists as repeat:
             response.status_code = 200
             return JobOut.of(repeat.job, now)
@@ -348,7 +386,7 @@ def router(runtime: Runtime) -> APIRouter:
             raise Problem(409, "idempotency key reused",
                           "this Idempotency-Key was used for a different job; use a new key "
                           "for a new job") from None
-        return JobOut.of(job, now)
+        return JobOut.of(record, now)
 
     @api.delete("/jobs/{job_id}", tags=["queue"], response_model=JobOut,
                 responses={404: {"description": "no such job (or not one of the token's projects)"},
@@ -388,6 +426,24 @@ def submitting_user(token: ApiToken, asked: str | None) -> str | None:
     raise Problem(403, "forbidden", f"body.user: token {token.id} may not submit jobs for user "
                                     f"{asked} ({whose}); only an admin's token may",
                   field="body.user")
+
+
+_JOB_LIST = TypeAdapter(list[JobIn])
+_JOB_SCHEMA = JobIn.model_json_schema()
+# The body is validated by _jobs_in (a union of the two shapes would name its members in every
+# error's location), so its schema is declared here: one job, or a list of them.
+_JOBS_BODY = {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+    _JOB_SCHEMA, {"type": "array", "items": _JOB_SCHEMA, "minItems": 1}]}}}}
+
+
+def _jobs_in(raw: Any) -> JobIn | list[JobIn]:
+    """The body of ``POST /v1/jobs`` as one job or a list; a 422 naming ``body.FIELD`` (or
+    ``body.INDEX.FIELD`` in a list) otherwise."""
+    try:
+        return _JOB_LIST.validate_python(raw) if isinstance(raw, list) else JobIn.model_validate(raw)
+    except ValidationError as exc:
+        raise RequestValidationError([{"loc": ("body", *e["loc"]), "msg": e["msg"],
+                                       "type": e["type"]} for e in exc.errors()]) from None
 
 
 def _pools(runtime: Runtime) -> list[str]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -30,28 +31,47 @@ def _settings(state_dir: Path | None):
 
 
 def submit_command(
-    project: Annotated[str, typer.Option("--project", help="Project the job belongs to.")],
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs the job needs.")],
-    duration: Annotated[str, typer.Option("--duration", help="Expected runtime, e.g. 10m or 1h30m.")],
+    project: Annotated[str | None, typer.Option("--project", help="Project the job belongs to.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs the job needs.")] = None,
+    duration: Annotated[str | None, typer.Option("--duration", help="Expected runtime, e.g. 10m or 1h30m.")] = None,
     priority: Annotated[int, typer.Option("--priority", help="Job priority (higher first).")] = 0,
     command: Annotated[str | None, typer.Option("--command", help="Shell command to run (default: sleep for --duration).")] = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Pool (default: the policy's pool).")] = None,
-    count: Annotated[int, typer.Option("--count", min=1, help="Submit this many identical jobs.")] = 1,
+    count: Annotated[int, typer.Option("--count", min=1, help="Submit this many identical jobs (one transaction).")] = 1,
     user: Annotated[str | None, typer.Option("--user", help="Who the job is for (default: the OS user running burst).")] = None,
+    from_file: Annotated[Path | None, typer.Option("--from-file", help="Submit the jobs of a CSV file in the canonical trace format (job_id,submit_s,duration_s,gpus,project,priority), one transaction; instead of --project/--gpus/--duration.")] = None,
     policy: _PolicyOpt = None,
     state_dir: _StateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the submitted jobs as a JSON list.")] = False,
 ) -> None:
-    """Put jobs in the built-in queue."""
+    """Put jobs in the built-in queue: --count identical ones, or those of --from-file."""
     from orchestrator.policy import parse_duration
+    from orchestrator.store.bulk import MAX_BATCH, JobSpec
 
-    try:
-        seconds = parse_duration(duration).total_seconds()
-    except ValueError as exc:
-        fail(f"--duration: {exc}")
-    if not project.strip():
-        fail("--project: must not be empty")
+    now = datetime.now(UTC)
+    if from_file is not None:
+        if project is not None or gpus is not None or duration is not None or count != 1:
+            fail("--from-file: the file gives each job's project, GPUs and duration; drop "
+                 "--project, --gpus, --duration and --count")
+        specs = _file_specs(from_file, now)
+    else:
+        missing = [flag for flag, value in (("--project", project), ("--gpus", gpus),
+                                            ("--duration", duration)) if value is None]
+        if missing:
+            fail(f"{', '.join(missing)}: required (or give --from-file)")
+        assert project is not None and gpus is not None and duration is not None
+        try:
+            seconds = parse_duration(duration).total_seconds()
+        except ValueError as exc:
+            fail(f"--duration: {exc}")
+        if not project.strip():
+            fail("--project: must not be empty")
+        specs = [JobSpec(project=project, pool="", gpus=gpus, priority=priority,
+                         duration_s=seconds, command=command)] * count
     user = _submitter(user)
+    if len(specs) > MAX_BATCH:
+        fail(f"{'--from-file' if from_file else '--count'}: at most {MAX_BATCH} jobs per "
+             f"submission, got {len(specs)}; split them")
     settings = _settings(state_dir)
     policies = load_policies(policy, settings)
     pools = {p.pool.name for p in policies}
@@ -59,19 +79,23 @@ def submit_command(
     if pool not in pools:
         fail(f"--pool: no running policy watches pool {pool!r} (a job there would wait forever); "
              f"the pools watched are {', '.join(sorted(pools))}")
+    specs = [replace(s, pool=pool, user=user) for s in specs]
     store = open_store(settings)
-    now = datetime.now(UTC)
-    jobs = [store.submit_job(project=project, pool=pool, gpus=gpus, priority=priority,
-                             duration_s=seconds, command=command, submitted_at=now, user=user)
-            for _ in range(count)]
-    store.close()
+    try:
+        jobs = store.submit_jobs(specs, submitted_at=now)
+    finally:
+        store.close()
     if as_json:
         print_json([{"id": j.id, "project": j.project, "user": j.user, "pool": j.pool,
                      "gpus": j.gpus} for j in jobs])
-    else:
+    elif len(jobs) <= _LINES_UP_TO:
         for job in jobs:
-            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {project} ({user}) in pool "
-                      f"{pool}", soft_wrap=True)
+            out.print(f"submitted {job.id}: {job.gpus} GPU(s) for {job.project} ({user}) in "
+                      f"pool {pool}", soft_wrap=True)
+    else:
+        out.print(f"submitted {len(jobs)} jobs for {user} ({jobs[0].id} ... {jobs[-1].id}), "
+                  f"{sum(j.gpus for j in jobs)} GPU(s) in pool {pool}; `burst status` lists them",
+                  soft_wrap=True)
 
 
 def _submitter(user: str | None) -> str:
@@ -102,6 +126,35 @@ def _utilisation_cell(node: dict, now: datetime) -> str:
         since = datetime.fromisoformat(node["low_utilisation_since"])
         return f"{percent:.0f}% idle {age((now - since).total_seconds())}"
     return f"{percent:.0f}%"
+
+
+_LINES_UP_TO = 20  # a bigger submission prints one summary line, not a line per job
+
+
+def _file_specs(path: Path, now: datetime) -> list:
+    """The jobs of a canonical trace file: each keeps its offset from the file's last submission,
+    which is ``now`` (so their order and relative waits are the file's). Errors name
+    FILE:LINE and the column, as ``burst simulate --trace FILE`` does."""
+    from orchestrator.sim.traces import TraceError, load_canonical
+    from orchestrator.store.bulk import JobSpec
+
+    try:
+        jobs = load_canonical(path).jobs
+    except TraceError as exc:
+        fail(str(exc))
+    if not jobs:
+        fail(f"{path}: no jobs in the file")
+    nameless = [j.job_id for j in jobs if not j.project.strip()]
+    if nameless:  # a trace may leave project empty; a queued job needs one
+        import csv
+
+        with path.open(newline="", encoding="utf-8") as f:
+            line = next(n for n, row in enumerate(csv.reader(f), 1) if row and row[0] == nameless[0])
+        fail(f"{path}:{line}: project: must not be empty (a queued job belongs to a project)")
+    last = max(j.submit_s for j in jobs)
+    return [JobSpec(project=j.project, pool="", gpus=j.gpus, priority=j.priority,
+                    duration_s=j.duration_s, submitted_at=now - timedelta(seconds=last - j.submit_s))
+            for j in jobs]
 
 
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,

@@ -117,7 +117,7 @@ class JobQueue(StoreBase):
                 exit_code=None, attempts=0, version=0, user=user,
             )
             with self._write() as conn:
-                stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
+                stmt = self._insert(T.jobs).values(**job_values(record)).on_conflict_do_nothing()
                 if conn.execute(stmt).rowcount == 1:
                     return record
                 row = conn.execute(sa.select(T.jobs).where(T.jobs.c.id == job_id)).first()
@@ -138,7 +138,7 @@ class JobQueue(StoreBase):
                     placement=None, node_id=None, submitted_at=submitted_at, started_at=None,
                     finished_at=None, exit_code=None, attempts=0, version=0, user=user,
                 )
-                stmt = self._insert(T.jobs).values(**_job_values(record)).on_conflict_do_nothing()
+                stmt = self._insert(T.jobs).values(**job_values(record)).on_conflict_do_nothing()
                 if conn.execute(stmt).rowcount == 1:
                     return record
         raise RuntimeError("could not allocate a unique job id")
@@ -224,7 +224,7 @@ class JobQueue(StoreBase):
         new = replace(job, state=state, placement=Placement.BURST, node_id=run.node_id,
                       started_at=run.started_at, exit_code=exit_code, finished_at=at,
                       version=job.version + 1)
-        values = _job_values(new)
+        values = job_values(new)
         del values["id"]
         c = T.jobs.c
         stmt = (sa.update(T.jobs)
@@ -288,7 +288,7 @@ class JobQueue(StoreBase):
         time, with its outcome) the run of a job leaving one."""
         if old.state is not expected:
             return None
-        values = _job_values(new)
+        values = job_values(new)
         del values["id"]
         c = T.jobs.c
         stmt = (
@@ -313,7 +313,7 @@ def _on_burst_node(record: JobRecord) -> bool:
     return record.placement == Placement.BURST and record.node_id is not None
 
 
-def _job_values(record: JobRecord) -> dict[str, Any]:
+def job_values(record: JobRecord) -> dict[str, Any]:
     return {
         "id": record.id,
         "project": record.project,

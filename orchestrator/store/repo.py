@@ -30,6 +30,7 @@ from orchestrator.store.codec import (
     to_jsonable,
 )
 from orchestrator.store.engine import default_sqlite_url
+from orchestrator.store.bulk import BulkSubmit
 from orchestrator.store.fencing import Fencing
 from orchestrator.store.jobqueue import JobQueue
 from orchestrator.store.jobruns import JobRuns
@@ -112,8 +113,9 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
     return replace(decision, repeats=int(row.repeats), last_seen_at=row.last_seen_at)
 
 
-class Store(BurstWaits, JoinSecrets, JobQueue, QueueReads, JobRuns, PoolControls, Ledger,
-            ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices, Fencing):
+class Store(BurstWaits, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns, PoolControls,
+            Ledger, ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices,
+            Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

@@ -156,3 +156,20 @@ def test_bad_settings_are_reported_by_name(tmp_path):
     settings.write_text("tick_seconds: 5\n")
     result = run_burst("status", env={"BURST_SETTINGS_FILE": str(settings), "BURST_STATE_DIR": str(tmp_path)})
     assert result.returncode == 2 and "tick_seconds" in result.stderr.replace("TICK_SECONDS", "tick_seconds")
+
+
+def test_submit_from_a_trace_file_queues_it_whole_or_says_where_it_is_wrong(env, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_s,duration_s,gpus,project,priority\n"
+                   "a,0,600,2,research,0\nb,30,soon,8,vision,5\n")
+    refused = run_burst("submit", "--policy", str(FAST_POLICY), "--from-file", str(bad), env=env)
+    assert refused.returncode == 2 and f"{bad}:3: duration_s:" in refused.stderr
+    good = tmp_path / "jobs.csv"
+    good.write_text("job_id,submit_s,duration_s,gpus,project,priority\n"
+                    "a,0,600,2,research,0\nb,30,3600,4,vision,5\n")
+    submitted = burst_json("submit", "--policy", str(FAST_POLICY), "--from-file", str(good), env=env)
+    assert [(j["project"], j["gpus"]) for j in submitted] == [("research", 2), ("vision", 4)]
+    status = burst_json("status", "--policy", str(FAST_POLICY), env=env)
+    assert status["pools"][0]["pending_jobs"] == 2  # the refused file queued nothing
+    waits = {j["project"]: j["wait_s"] for j in status["queue"]}
+    assert waits["research"] - waits["vision"] == pytest.approx(30, abs=1)  # the file's offsets

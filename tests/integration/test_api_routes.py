@@ -211,6 +211,35 @@ def test_a_retried_submission_with_an_idempotency_key_queues_the_job_once(
     assert "idempotency-key" in assert_problem(bad, 422)["detail"].lower()
 
 
+def test_a_list_of_jobs_is_queued_in_one_transaction_once_per_key(
+        client: httpx.Client, store: Store, tokens: Tokens) -> None:
+    from orchestrator.api.v1 import MAX_API_BATCH
+
+    keyed = {**bearer(tokens.submitter), "Idempotency-Key": "sweep-42"}
+    jobs = [{**JOB, "gpus": g} for g in (1, 2, 4)]
+    first = client.post("/v1/jobs", headers=keyed, json=jobs)
+    assert first.status_code == 201, first.text
+    assert [j["gpus"] for j in first.json()] == [1, 2, 4]
+    again = client.post("/v1/jobs", headers=keyed, json=jobs)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert_problem(client.post("/v1/jobs", headers=keyed, json=jobs[:2]), 409)
+    assert len(store.jobs()) == 3
+    # All or none: one bad job (named by its index), one foreign project, too many jobs.
+    bad = assert_problem(client.post("/v1/jobs", headers=bearer(tokens.submitter),
+                                     json=[JOB, {**JOB, "gpus": 0}]), 422)
+    assert "body.1.gpus" in bad["detail"]
+    foreign = client.post("/v1/jobs", headers=bearer(tokens.submitter),
+                          json=[JOB, {**JOB, "project": "vision"}])
+    assert "vision" in assert_problem(foreign, 403)["detail"]
+    nowhere = assert_problem(client.post("/v1/jobs", headers=bearer(tokens.admin),
+                                         json=[JOB, {**JOB, "pool": "nowhere"}]), 422)
+    assert "body.1.pool" in nowhere["detail"]
+    many = client.post("/v1/jobs", headers=bearer(tokens.admin), json=[JOB] * (MAX_API_BATCH + 1))
+    assert str(MAX_API_BATCH) in assert_problem(many, 413)["detail"]
+    assert_problem(client.post("/v1/jobs", headers=bearer(tokens.admin), json=[]), 422)
+    assert len(store.jobs()) == 3
+
+
 @pytest.mark.parametrize(("body", "names"), [
     ({"project": "research", "duration": "30m"}, "body.gpus"),
     ({**JOB, "gpus": 0}, "body.gpus"),
