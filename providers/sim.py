@@ -14,7 +14,12 @@ cloud, but nothing leaves the process and time is whatever the injected clock sa
 * **capacity errors**: a launch fails with :class:`CapacityError` with a configurable
   probability per market (:class:`SimRates`);
 * **spot interruptions**: a running spot instance is taken away after an exponential lifetime
-  with a configurable rate per hour; it then lists as ``terminated`` (the reconciler's "vanished").
+  with a configurable rate per hour; it then lists as ``terminated`` (the reconciler's "vanished");
+* **spot markets** (:class:`SpotMarket`, per offering key, replacing the flat rates for that
+  offering): a measured availability time series (1 = capacity there / instance alive). A launch
+  in a tick with no capacity fails with :class:`CapacityError`, and a running instance is
+  interrupted at the series' next drop (alive -> gone); each such event applies with probability
+  ``keep`` (how much of the measured disruption this offering sees), drawn per request.
 
 Every random draw for a launch comes from a generator seeded with ``(seed, request id)``, so the
 same inputs give the same instances, boot times and interruptions whatever else happened before
@@ -29,6 +34,7 @@ cost, in integer micro-dollars, under its offering's billing rule); for tests:
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -106,6 +112,53 @@ class SimRates:
 
 
 @dataclass(frozen=True, slots=True)
+class SpotMarket:
+    """One spot offering's capacity over time (see the module docstring): ``alive[i]`` for the
+    tick ``[i, i+1) x gap_s`` of the series, looped, read from ``phase`` ticks in at time 0."""
+
+    gap_s: float
+    alive: bytes
+    phase: int = 0
+    keep: float = 1.0
+    source: str = ""
+    drops: tuple[int, ...] = field(default=(), compare=False)  # ticks where alive turns gone
+
+    def __post_init__(self) -> None:
+        if self.gap_s <= 0 or not self.alive or not 0.0 <= self.keep <= 1.0:
+            raise ValueError(f"spot market needs gap_s > 0, a series and keep in [0, 1]: {self.source}")
+        if not self.drops:
+            n = len(self.alive)
+            drops = tuple(i for i in range(n) if self.alive[i - 1] and not self.alive[i])
+            object.__setattr__(self, "drops", drops)
+
+    def tick(self, t_s: float) -> int:
+        return int(t_s // self.gap_s) + self.phase
+
+    def available(self, t_s: float) -> bool:
+        return bool(self.alive[self.tick(t_s) % len(self.alive)])
+
+    def next_interruption(self, t_s: float, rng: random.Random) -> float | None:
+        """When an instance running from ``t_s`` is taken: the first drop after it that applies
+        (``keep``), at most one pass of the series on; None: it survives that long."""
+        if not self.drops or self.keep <= 0:
+            return None
+        n = len(self.alive)
+        start = self.tick(t_s)
+        loop, pos = divmod(start, n)
+        index = bisect.bisect_right(self.drops, pos)
+        for _ in range(len(self.drops) * 2):
+            if index == len(self.drops):
+                loop, index = loop + 1, 0
+            tick = loop * n + self.drops[index]
+            if tick - start > n:
+                return None
+            if rng.random() < self.keep:
+                return (tick - self.phase) * self.gap_s
+            index += 1
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class Timeline:
     """When a simulated instance turns running, and when a spot interruption would take it."""
 
@@ -165,6 +218,7 @@ class SimProvider:
     boot: BootTime = field(default_factory=BootTime)
     rates: SimRates = field(default_factory=SimRates)
     name: str = PROVIDER_NAME
+    markets: dict[str, SpotMarket] = field(default_factory=dict)  # spot offering key -> market
 
     def __post_init__(self) -> None:
         offerings = list(self.catalogue)
@@ -207,6 +261,12 @@ class SimProvider:
         boot_s = self.boot.draw(rng)
         life_h = rng.expovariate(self.rates.interruptions_per_hour) if (
             offering.market is Market.SPOT and self.rates.interruptions_per_hour > 0) else None
+        market = self.markets.get(offering.key) if offering.market is Market.SPOT else None
+        if market is not None:
+            t_s = now.timestamp()
+            refused = not market.available(t_s) and rng.random() < market.keep
+            ends = market.next_interruption(t_s + boot_s, rng)
+            life_h = None if ends is None else max(ends - t_s - boot_s, 1.0) / 3600.0
         if refused:
             self.capacity_errors += 1
             raise CapacityError(f"simulated capacity error for {offering.key}", provider=self.name,

@@ -17,12 +17,14 @@ failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_
 (default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
 lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
 
-Jobs are priced per class (GPUs, duration, checkpoint interval): a queue of 100k jobs has few.
+Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval): a queue of 100k
+jobs has few.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from orchestrator.domain.jobs import Job
@@ -32,7 +34,14 @@ from orchestrator.policy.models import Market, Policy
 
 STOCKOUT_RETRY_S = 180.0  # a capacity error excludes the offering this long (the executor's back-off)
 MAX_STOCKOUT_ODDS = 0.99  # odds past this are planned as this (the expected retries stay finite)
-RECORDED_CLASSES = 8  # job classes whose alternatives a decision records (the largest by GPU-hours)
+RECORDED_CLASSES = 4  # job classes whose alternatives a decision records (the largest by GPU-hours)
+# Durations are priced on a geometric grid of this ratio (a class per 5 % of runtime): the ranking
+# of offerings moves smoothly with runtime, and a queue of unique time limits prices few classes.
+DURATION_STEP = 1.05
+
+
+_MEMO: OrderedDict[tuple, tuple] = OrderedDict()  # (class, inputs) -> (ranking, prices)
+_MEMO_SIZE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,10 @@ def price_job(gpus: int, duration_s: float, checkpoint_s: float | None, candidat
                     run_usd + risk_usd)
 
 
+def _rates(health: OfferingHealth | None) -> tuple[float, float]:
+    return (health.preemptions_per_hour, health.stockout_odds) if health else (0.0, 0.0)
+
+
 class SpotChooser:
     """Ranks the candidates for each job by expected cost (memoized per job class for a tick)."""
 
@@ -125,11 +138,19 @@ class SpotChooser:
                          if c.offering.market is Market.ON_DEMAND]
             self.delay_rate = min(on_demand, default=max(
                 (c.offering.price_per_gpu_hour for c in candidates), default=0.0))
-        self._classes: dict[tuple, tuple[list[Candidate], tuple[JobPrice, ...]]] = {}
+        self._classes: dict[tuple, tuple[list[Candidate], tuple[JobPrice, ...], list]] = {}
+        # Everything but the job class that a price depends on, by value: equal inputs on a later
+        # tick reuse the ranking (health is carried to two significant figures, so it repeats).
+        self._world = (tuple((c.key, c.offering.price_usd_hour, c.offering.gpus,
+                              c.offering.market, *_rates(health.get(c.key)))
+                             for c in candidates),
+                       self.restart_s, self.boot_s, self.delay_rate)
         self._gpu_hours: dict[tuple, float] = {}
 
     def _class(self, job: Job) -> tuple:
         duration = job.duration_s or DEFAULT_JOB_HOURS * 3600.0
+        if duration > 1.0:
+            duration = round(DURATION_STEP ** round(math.log(duration, DURATION_STEP)), 1)
         return (job.gpus, duration, self.policy.checkpoint_every_s(job.project, job.checkpoint_s))
 
     def rank(self, job: Job) -> list[Candidate]:
@@ -138,26 +159,35 @@ class SpotChooser:
         self._gpu_hours[key] = self._gpu_hours.get(key, 0.0) + key[0] * key[1] / 3600.0
         entry = self._classes.get(key)
         if entry is None:
-            gpus, duration, checkpoint = key
-            prices = [price_job(gpus, duration, checkpoint, c, self.health.get(c.key),
-                                self.restart_s, self.boot_s, self.delay_rate)
-                      for c in self.candidates]
-            order = sorted(range(len(prices)),
-                           key=lambda i: (prices[i].expected_cost_usd, prices[i].offering_key))
-            entry = ([self.candidates[i] for i in order], tuple(prices[i] for i in order))
+            memo_key = (key, self._world)
+            entry = _MEMO.get(memo_key)
+            if entry is None:
+                gpus, duration, checkpoint = key
+                prices = [price_job(gpus, duration, checkpoint, c, self.health.get(c.key),
+                                    self.restart_s, self.boot_s, self.delay_rate)
+                          for c in self.candidates]
+                order = sorted(range(len(prices)),
+                               key=lambda i: (prices[i].expected_cost_usd, prices[i].offering_key))
+                entry = ([self.candidates[i] for i in order], tuple(prices[i] for i in order),
+                         [])  # the records, made once when first asked for
+                _MEMO[memo_key] = entry
+                if len(_MEMO) > _MEMO_SIZE:
+                    _MEMO.popitem(last=False)
             self._classes[key] = entry
         return entry[0]
 
     def record(self) -> list[dict]:
         """The job classes ranked this tick (the largest by GPU-hours first), each with every
         alternative's expected cost, the chosen one first: the decision's ``inputs.spot_choice``."""
-        largest = sorted(self._gpu_hours, key=lambda k: (-self._gpu_hours[k], k))[:RECORDED_CLASSES]
+        largest = sorted(self._gpu_hours, key=lambda k: (-self._gpu_hours[k], k[0], k[1], k[2] or 0.0))[:RECORDED_CLASSES]
         out = []
         for key in largest:
             gpus, duration, checkpoint = key
-            prices = self._classes[key][1]
+            _, prices, records = self._classes[key]
+            if not records and prices:
+                records.extend(p.as_record() for p in prices)
             out.append({"gpus": gpus, "duration_s": duration, "checkpoint_s": checkpoint,
                         "gpu_hours": round(self._gpu_hours[key], 3),
                         "chosen": prices[0].offering_key if prices else None,
-                        "alternatives": [p.as_record() for p in prices]})
+                        "alternatives": list(records)})
         return out

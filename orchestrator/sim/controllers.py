@@ -87,6 +87,10 @@ class PolicyController(Controller):
     def bind(self, engine) -> None:
         super().bind(engine)
         self.catalogue = tuple(engine.provider.offerings())
+        # What the snapshot's offering health covers: the policy's offerings as it resolves
+        # them (a pinned zone is part of the key).
+        usable, _ = resolve_candidates(self.policy, self.catalogue, (), at(0))
+        self.keys = tuple(c.key for c in usable)
         self.meter = SpendMeter(self.policy, engine.store, engine.world)
         engine.world.burst_one_node = True  # as the built-in queue dispatches
         if getattr(self.policy, "budgets", ()) or any(
@@ -106,6 +110,8 @@ class PolicyController(Controller):
             memory=store.load_memory(),
             budget_spend=self.meter.observe(moment),
             burst_runs=engine.world.running_on_burst(),
+            offering_health=(engine.learner.snapshot(self.keys, now / 3600.0)
+                             if engine.learner is not None else {}),
         )
 
     def admission(self, now: float) -> Admission:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from orchestrator.domain.capacity import CapacityLearner
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.plan import Action, ActionReason, Terminate
 from orchestrator.executor import ExecutionReport, Executor, ExecutorConfig
@@ -105,6 +106,9 @@ class Engine:
         self._rate = 0.0
         self._accrued = 0.0
         self._next_sample = 0.0
+        # Learned capacity (spot.by_expected_cost): fed every launch outcome and node end; the
+        # policy controller's snapshot carries what it has learned (offering_health).
+        self.learner: CapacityLearner | None = None
         world.on_node_idle = self._node_idle
         controller.bind(self)
 
@@ -198,7 +202,7 @@ class Engine:
             self.last_change = now
             push = self.push
             for job in started:
-                push(now + job.trace.duration_s, FINISH, (job, job.attempt))
+                push(now + job.run_s, FINISH, (job, job.attempt))
 
     def _handle(self, kind: int, payload, now: float) -> None:
         if kind == FINISH:
@@ -245,6 +249,7 @@ class Engine:
         if instance.state.value != "terminated":
             return
         self.counters.interruptions += 1
+        self._learn_end(node, now, interrupted=True)
         self._stop_billing(node_id, now)
         new, event = transition(node, NodeState.FAILED, at=at(now),
                                 reason="instance vanished at the provider (spot interruption)")
@@ -267,8 +272,14 @@ class Engine:
         now = self.now
         if report.launched or report.terminated or report.drained:
             self.last_change = now
+        learner = self.learner
+        if learner is not None:
+            for key in report.capacity_errors:
+                learner.launch(key, now / 3600.0, refused=True)
         for node_id in report.launched:
             node = self.store.get_node(node_id)
+            if learner is not None:
+                learner.launch(node.offering_key, now / 3600.0, refused=False)
             timeline = self.provider.timeline(node.instance_id)
             launched = seconds(timeline.launched_at)
             running = seconds(timeline.running_at)
@@ -287,6 +298,7 @@ class Engine:
             [instance] = self.provider.describe([node.instance_id])
             if instance.state.value != "terminated":
                 continue
+            self._learn_end(node, now, interrupted=False)
             self._stop_billing(node_id, now)
             new, event = transition(node, NodeState.TERMINATED, at=at(now),
                                     reason="provider confirms the instance is gone")
@@ -295,6 +307,12 @@ class Engine:
         live = len(self.store.live_nodes())
         if live > self.counters.peak_nodes:
             self.counters.peak_nodes = live
+
+    def _learn_end(self, node, now: float, interrupted: bool) -> None:
+        if self.learner is not None and node.id in self._billing:
+            launched = seconds(self.provider.timeline(node.instance_id).launched_at)
+            self.learner.ran(node.offering_key, (now - launched) / 3600.0, now / 3600.0,
+                             interrupted)
 
     def _stop_billing(self, node_id: str, now: float) -> None:
         price = self._billing.pop(node_id, None)

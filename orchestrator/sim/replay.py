@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.domain.capacity import CapacityLearner
 from orchestrator.domain.offerings import Offering
 from orchestrator.planner.offerings import resolve_candidates
 from orchestrator.policy.models import Policy, ProviderName
@@ -31,6 +32,7 @@ from orchestrator.sim.engine import Engine, Sample, SimClock
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.metrics import Outcome, summarize
 from orchestrator.sim.roi import onprem_starts, sim_roi
+from orchestrator.sim.spotdata import published_priors, spot_markets
 from orchestrator.sim.traces import Trace
 from orchestrator.sim.world import DONE, PENDING, Backfill, World, at
 from orchestrator.wiring import Settings, build_provider
@@ -74,6 +76,9 @@ class SimOptions:
     # Also replay on-prem only and report each policy run's return on burst spend, exact and as
     # the planner predicted it (orchestrator.sim.roi): one more replay (``burst simulate --roi``).
     roi: bool = False
+    # Spot offerings replay the measured spot capacity of the shared data (orchestrator.sim.spotdata)
+    # instead of the flat rates; the policy's planner learns hazards from its node events.
+    spot_data: bool = False
 
 
 @dataclass
@@ -163,6 +168,12 @@ def as_simulated(policy: Policy, sizing: OnPremSizing) -> Policy:
     return policy.model_copy(update={"offerings": offerings, "pool": pool})
 
 
+def as_simulated_offerings(policy: Policy) -> Policy:
+    """The policy with its offerings bought from the sim provider (nothing else changed)."""
+    return policy.model_copy(update={"offerings": [
+        spec.model_copy(update={"provider": ProviderName.SIM}) for spec in policy.offerings]})
+
+
 # -- runs ------------------------------------------------------------------------------------------
 
 
@@ -171,10 +182,19 @@ def _provider(policy: Policy, options: SimOptions, clock: SimClock):
              "rates": dict(options.rates)}
     # The settings are not read by the sim provider: no BURST_* environment is needed to simulate.
     try:
-        return build_provider(str(ProviderName.SIM), Settings.model_construct(), [policy],
-                              options=knobs)
+        provider = build_provider(str(ProviderName.SIM), Settings.model_construct(), [policy],
+                                  options=knobs)
     except (TypeError, ValueError) as exc:
         raise SimulationError(f"sim provider settings: {exc}") from None
+    if options.spot_data:
+        # Keyed as the policy launches them (a pinned zone is part of the key).
+        usable, _ = resolve_candidates(as_simulated_offerings(policy), tuple(provider.offerings()),
+                                       (), at(0))
+        try:
+            provider.markets.update(spot_markets([c.offering for c in usable], options.seed))
+        except (OSError, ValueError, KeyError) as exc:
+            raise SimulationError(f"spot data: {exc}") from None
+    return provider
 
 
 def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Trace,
@@ -188,6 +208,10 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
     sample_s = max(trace.span_s / max(options.chart_points, 1), 60.0)
     engine = Engine(world, provider, sim_policy, controller, tick_s=options.tick_s,
                     sample_s=sample_s, progress=progress)
+    if sim_policy.spot.by_expected_cost:
+        usable, _ = resolve_candidates(sim_policy, tuple(provider.offerings()), (), at(0))
+        priors = published_priors([c.offering for c in usable]) if options.spot_data else {}
+        engine.learner = CapacityLearner(priors)
     engine.run()
     return engine
 
@@ -235,6 +259,9 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
         "simulated_s": round(engine.now - (trace.jobs[0].submit_s if trace.jobs else 0.0), 1),
         "cloud": knobs,
     }
+    if counters.interruptions:
+        # The checkpoint bound: the most compute one interruption cost any job.
+        extra["max_loss_per_interruption_s"] = round(max(j.max_loss_s for j in world.jobs), 1)
     if controller.kind == "policy":
         extra["policy"] = policy.name
         extra["plans"] = counters.plans

@@ -24,14 +24,20 @@ that can start is started, and that repeats, in O(widths) per start. Under a res
 slightly stricter than a full scan: a job is not considered while an older job of its width waits.
 
 The world is also the burst nodes' :class:`~orchestrator.domain.ports.Fabric`: a drain stops new
-work and releases the node once it runs nothing; a node that is gone hands its jobs back to the
-queue (they restart from the beginning: the simulator assumes no checkpoint).
+work and releases the node once it runs nothing; a node that is gone (a spot interruption) hands
+its jobs back to the queue, as the built-in fabric's requeue does
+(:meth:`orchestrator.fabric.builtin.BuiltinFabric.node_gone`). A job that checkpoints (its
+interval: the policy's ``checkpoint_every_s`` for its project) resumes on its next node from its
+last checkpoint: of the attempt's compute time (past its restart overhead) the whole intervals are
+kept, the rest is lost, and the next attempt first spends ``spot.restart_overhead`` loading the
+checkpoint. A job that does not checkpoint starts again from the beginning.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -73,7 +79,8 @@ class SimJob:
 
     __slots__ = ("index", "trace", "gpus", "key", "state", "pending_since", "wait_s", "start_s",
                  "end_s", "where", "alloc", "attempt", "domain", "eligible", "burst_nodes",
-                 "lost_gpu_s", "restarts", "burst_start_s")
+                 "lost_gpu_s", "restarts", "burst_start_s", "remaining_s", "overhead_s",
+                 "checkpoint_s", "max_loss_s")
 
     def __init__(self, index: int, trace: TraceJob, key: tuple, domain: Job):
         self.index = index
@@ -94,6 +101,15 @@ class SimJob:
         self.lost_gpu_s = 0.0  # GPU-seconds of attempts cut short (node gone), redone later
         self.restarts = 0
         self.burst_start_s: float | None = None  # its first start on a burst node
+        self.remaining_s = trace.duration_s  # work left (less after a resume from a checkpoint)
+        self.overhead_s = 0.0  # restart overhead the current attempt pays before it computes
+        self.checkpoint_s: float | None = None  # set by the world from the policy
+        self.max_loss_s = 0.0  # most compute lost by one interruption (the checkpoint bound)
+
+    @property
+    def run_s(self) -> float:
+        """How long the current attempt runs: restart overhead, then the work left."""
+        return self.overhead_s + self.remaining_s
 
 
 def _head(heap: list) -> tuple | None:
@@ -132,7 +148,9 @@ class World:
                          submitted_at=submitted, priority=t.priority, duration_s=t.duration_s)
             # The planner's scheduling order (orchestrator.planner.demand.scheduling_order).
             key = (-priorities.get(project, default), -t.priority, t.submit_s, t.job_id)
-            self.jobs.append(SimJob(index, t, key, domain))
+            job = SimJob(index, t, key, domain)
+            job.checkpoint_s = policy.checkpoint_every_s(project)
+            self.jobs.append(job)
         self.pending: dict[int, SimJob] = {}
         self.pending_gpus = 0
         self._pending_tuple: tuple[Job, ...] | None = ()
@@ -307,7 +325,7 @@ class World:
                 if (entry[0] == key or job.gpus > pool.free_total
                         or (best is not None and entry[0] >= best[0][0])):
                     continue
-                ends_in_time = now + job.trace.duration_s <= until
+                ends_in_time = now + job.run_s <= until
                 alloc = pool.find(job.gpus, frozenset() if ends_in_time else reserved)
                 if alloc is not None:
                     best = (entry, alloc)
@@ -361,7 +379,7 @@ class World:
         if where == "onprem":
             self.running_onprem += 1
             self.onprem_running[job.index] = job
-            end = now + job.trace.duration_s
+            end = now + job.run_s
             self._releases[job.index] = OnPremRelease(job.gpus, at(end))
             for index, used in alloc:
                 self._node_runs[index][job.index] = (end, used)
@@ -466,7 +484,7 @@ class World:
             if job.state != RUNNING:
                 continue
             self.running_burst -= 1
-            job.lost_gpu_s += job.gpus * (now - job.start_s)
+            self._keep_checkpoint(job, now - job.start_s)
             job.restarts += 1
             self._leave_burst_nodes(job, now)
             job.attempt += 1
@@ -475,6 +493,23 @@ class World:
             self.requeued += 1
             self.arrive(job, now, eligible=True)
         return len(jobs)
+
+    def _keep_checkpoint(self, job: SimJob, ran_s: float) -> None:
+        """An attempt of ``ran_s`` seconds was cut short: keep its last checkpoint (whole
+        intervals of compute past the restart overhead), count the rest as lost, and make the
+        next attempt pay the restart overhead first (nothing kept: from the beginning, no
+        overhead)."""
+        computed = min(max(ran_s - job.overhead_s, 0.0), job.remaining_s)
+        interval = job.checkpoint_s
+        kept = math.floor(computed / interval) * interval if interval else 0.0
+        job.max_loss_s = max(job.max_loss_s, computed - kept)
+        job.lost_gpu_s += job.gpus * (ran_s - kept)
+        if kept > 0 or (interval and job.remaining_s < job.trace.duration_s):
+            job.remaining_s -= kept
+            job.overhead_s = self.policy.spot.restart_overhead.total_seconds()
+        if job.remaining_s < job.trace.duration_s:
+            # The planner sees what is left to run (the queue reports the job's new time limit).
+            job.domain = replace(job.domain, duration_s=job.run_s)
 
     # -- the planner's view ----------------------------------------------------------------------
 
@@ -502,7 +537,7 @@ class World:
         for index, run in self._open_runs.items():
             job = self.jobs[index]
             out.append(BurstRun(job.trace.job_id, run[0], run[1], job.gpus, at(run[3]),
-                                job.trace.duration_s))
+                                job.run_s))
         return tuple(out)
 
     def quiescent(self) -> bool:

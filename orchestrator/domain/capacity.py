@@ -1,0 +1,124 @@
+"""Learned capacity: per-offering preemption hazard and stockout odds from node events, decayed.
+
+A :class:`CapacityLearner` is fed what happens to nodes (a launch went through or failed for lack
+of capacity; a node ran for so many hours and ended interrupted or not) and answers, at any time,
+an :class:`~orchestrator.domain.snapshot.OfferingHealth` per offering: the planner's hazard and
+stockout odds (:mod:`orchestrator.planner.spot`). Every count decays with ``half_life_h`` (capacity
+moves: what held yesterday counts half today), and sits on a prior that does not decay:
+
+* hazard = (prior hazard x ``prior_hours`` + decayed interruptions) / (``prior_hours`` + decayed
+  node-hours), the prior hazard being the catalogue's published interruption bucket for the
+  offering (:func:`bucket_hazard`; none: 0);
+* stockout odds = decayed refusals / (``prior_launches`` + decayed launch attempts).
+
+O(1) per event and per query of one offering, so the simulator can feed it every node event of a
+full trace. The observer (production) and the simulator's controller build the snapshot's
+``offering_health`` from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from orchestrator.domain.snapshot import OfferingHealth
+
+# AWS Spot Advisor's buckets: the share of instances Spot reclaimed over the trailing month
+# (0: <5 %, 1: 5-10 %, 2: 10-15 %, 3: 15-20 %, 4: >20 %); the bucket's middle (25 % for the
+# open-ended last one), as a constant hazard over a month of 720 h.
+BUCKET_SHARE = (0.025, 0.075, 0.125, 0.175, 0.25)
+MONTH_H = 720.0
+
+
+def bucket_hazard(bucket: int) -> float:
+    """Interruptions per instance-hour that a Spot Advisor bucket implies."""
+    share = BUCKET_SHARE[min(max(bucket, 0), len(BUCKET_SHARE) - 1)]
+    return -math.log1p(-share) / MONTH_H
+
+
+def _figures(value: float) -> float:
+    """Two significant figures: what the estimate is worth, and values that repeat tick to tick
+    (the planner memoizes its pricing on them)."""
+    return float(f"{value:.2g}")
+
+
+@dataclass(slots=True)
+class _Decayed:
+    value: float = 0.0
+    at_h: float = 0.0
+
+    def at(self, now_h: float, half_life_h: float) -> float:
+        if now_h <= self.at_h:
+            return self.value
+        return self.value * 0.5 ** ((now_h - self.at_h) / half_life_h)
+
+    def add(self, amount: float, now_h: float, half_life_h: float) -> None:
+        self.value = self.at(now_h, half_life_h) + amount
+        self.at_h = max(now_h, self.at_h)
+
+
+@dataclass(slots=True)
+class _Stats:
+    hours: _Decayed = field(default_factory=_Decayed)
+    interruptions: _Decayed = field(default_factory=_Decayed)
+    launches: _Decayed = field(default_factory=_Decayed)
+    refusals: _Decayed = field(default_factory=_Decayed)
+
+
+class CapacityLearner:
+    """Decayed per-offering counts on top of published priors (module docstring). Times are
+    hours on any fixed origin (the caller's clock)."""
+
+    def __init__(self, priors: dict[str, float] | None = None, *, half_life_h: float = 24.0,
+                 prior_hours: float = 24.0, prior_launches: float = 4.0,
+                 prior_source: str = "published interruption bucket"):
+        if half_life_h <= 0 or prior_hours <= 0 or prior_launches <= 0:
+            raise ValueError("half_life_h, prior_hours and prior_launches must be > 0")
+        self.priors = dict(priors or {})
+        self.half_life_h = half_life_h
+        self.prior_hours = prior_hours
+        self.prior_launches = prior_launches
+        self.prior_source = prior_source
+        self._stats: dict[str, _Stats] = {}
+
+    def _of(self, key: str) -> _Stats:
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = _Stats()
+        return stats
+
+    def launch(self, key: str, now_h: float, refused: bool) -> None:
+        """A launch attempt of ``key``: it went through, or failed for lack of capacity."""
+        stats = self._of(key)
+        stats.launches.add(1.0, now_h, self.half_life_h)
+        if refused:
+            stats.refusals.add(1.0, now_h, self.half_life_h)
+
+    def ran(self, key: str, hours: float, now_h: float, interrupted: bool) -> None:
+        """A node of ``key`` ran ``hours`` (launch to end) and ended, interrupted or not."""
+        stats = self._of(key)
+        stats.hours.add(max(hours, 0.0), now_h, self.half_life_h)
+        if interrupted:
+            stats.interruptions.add(1.0, now_h, self.half_life_h)
+
+    def health(self, key: str, now_h: float) -> OfferingHealth:
+        prior = self.priors.get(key, 0.0)
+        stats = self._stats.get(key)
+        if stats is None:
+            return OfferingHealth(key, prior, 0.0, prior=self.prior_source if prior else "")
+        h = self.half_life_h
+        hours = stats.hours.at(now_h, h)
+        launches = stats.launches.at(now_h, h)
+        hazard = (prior * self.prior_hours + stats.interruptions.at(now_h, h)) / (
+            self.prior_hours + hours)
+        odds = stats.refusals.at(now_h, h) / (self.prior_launches + launches)
+        return OfferingHealth(key, _figures(hazard), _figures(odds), round(hours, 1),
+                              round(launches, 1), prior=self.prior_source if prior else "")
+
+    def snapshot(self, keys, now_h: float) -> dict[str, OfferingHealth]:
+        """Health of each of ``keys`` (those with no prior and no events are left out)."""
+        out = {}
+        for key in keys:
+            if key in self._stats or self.priors.get(key):
+                out[key] = self.health(key, now_h)
+        return out
