@@ -33,7 +33,7 @@ from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.world import DONE, PENDING, SimJob, World, at, seconds
 
 INF = math.inf
-FINISH, BOOT, INTERRUPT, TIMEOUT, WAKE, ELIGIBLE = range(6)
+FINISH, BOOT, INTERRUPT, TIMEOUT, WAKE, ELIGIBLE, BACKFILL = range(7)
 _ALIVE = (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY,
           NodeState.DRAINING)
 STALL_S = 6 * 3600.0  # stop when nothing has changed this long after the last arrival
@@ -100,6 +100,7 @@ class Engine:
         self.controller = controller
         self.next_tick: float | None = None
         self._wake_due = False
+        self._backfill_at: float | None = None  # when a held-back backfill pass is due
         self.last_change = 0.0
         self.now = 0.0
         self._billing: dict[str, float] = {}  # node id -> $/h while its instance is billed
@@ -197,7 +198,14 @@ class Engine:
         self.clock.t = now
 
     def _dispatch(self, now: float) -> None:
-        started = self.world.dispatch(now)
+        world = self.world
+        started = world.dispatch(now)
+        due = world.backfill_due_at
+        if due is not None and due != self._backfill_at:
+            # Slurm's backfill pass was held back by bf_interval: come back for it (the
+            # dispatch after the event's instant runs it).
+            self._backfill_at = due
+            self.push(due, BACKFILL, None)
         if started:
             self.last_change = now
             push = self.push
@@ -211,6 +219,8 @@ class Engine:
                 self.last_change = now
         elif kind == WAKE:
             self._wake_due = True
+        elif kind == BACKFILL:
+            self._backfill_at = None
         elif kind == ELIGIBLE:
             if self.world.make_eligible(payload):
                 self.controller.on_eligible(payload, now)

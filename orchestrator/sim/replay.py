@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.domain.capacity import CapacityLearner
 from orchestrator.domain.offerings import Offering
+from orchestrator.planner.backfill import BackfillConfig
 from orchestrator.planner.offerings import resolve_candidates
 from orchestrator.policy.models import Policy, ProviderName
 from orchestrator.sim.clairvoyant import clairvoyant
@@ -68,6 +69,11 @@ class SimOptions:
     node_gpus: int | None = None  # GPUs per on-prem node (default: the policy's)
     threshold: int = DEFAULT_THRESHOLD
     backfill: Backfill = Backfill.EASY  # the on-prem scheduler's rule (orchestrator.sim.world)
+    # ``slurm`` backfill's knobs (orchestrator.planner.backfill): bf_max_job_test, how many
+    # blocked jobs a pass reserves for, and bf_interval.
+    bf_max_job_test: int = 100
+    bf_reservations: int = 100
+    bf_interval_s: float = 30.0
     # The sim provider's knobs, by field name (providers/sim.py BootTime and SimRates); empty:
     # its defaults (boot median 200 s; no capacity errors, no interruptions).
     boot: dict = field(default_factory=dict)
@@ -204,7 +210,9 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
     world, store and provider hold everything that happened)."""
     provider = _provider(policy, options, SimClock())
     world = World(sim_policy, trace.jobs, sizing.nodes, sizing.gpus_per_node, SimStore(),
-                  backfill=options.backfill)
+                  backfill=options.backfill,
+                  slurm=BackfillConfig(options.bf_max_job_test, options.bf_reservations),
+                  bf_interval_s=options.bf_interval_s)
     sample_s = max(trace.span_s / max(options.chart_points, 1), 60.0)
     engine = Engine(world, provider, sim_policy, controller, tick_s=options.tick_s,
                     sample_s=sample_s, progress=progress)
@@ -398,13 +406,17 @@ def simulate(trace: Trace, policies: Sequence[tuple[str, Policy]], *, baselines:
 
 
 def _header(trace: Trace, sizing: OnPremSizing, options: SimOptions) -> dict:
+    onprem = {"nodes": sizing.nodes, "gpus_per_node": sizing.gpus_per_node, "gpus": sizing.gpus,
+              "sizing": sizing.how, "backfill": str(Backfill(options.backfill))}
+    if Backfill(options.backfill) is Backfill.SLURM:
+        onprem |= {"bf_max_job_test": options.bf_max_job_test,
+                   "bf_reservations": options.bf_reservations,
+                   "bf_interval_s": round(options.bf_interval_s, 1)}
     return {
         "trace": {"name": trace.name, "source": trace.source, "jobs": len(trace.jobs),
                   "gpu_hours": round(trace.gpu_hours, 3), "span_s": round(trace.span_s, 1),
                   "max_job_gpus": max(j.gpus for j in trace.jobs)},
-        "onprem": {"nodes": sizing.nodes, "gpus_per_node": sizing.gpus_per_node,
-                   "gpus": sizing.gpus, "sizing": sizing.how,
-                   "backfill": str(Backfill(options.backfill))},
+        "onprem": onprem,
         "seed": options.seed,
         "slo_s": round(options.slo_s, 1),
         "tick_s": round(options.tick_s, 1),

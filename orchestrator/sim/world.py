@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import replace
+from bisect import bisect_left, insort
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
@@ -47,6 +48,7 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue
 from orchestrator.planner.admission import Admission
+from orchestrator.planner.backfill import (BackfillConfig, NodeSpace, PendingJob, backfill_pass)
 from orchestrator.policy.models import Policy
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import Allocation, GpuPool
@@ -63,6 +65,7 @@ class Backfill(StrEnum):
 
     EASY = "easy"
     FIRST_FIT = "first-fit"
+    SLURM = "slurm"
 
 
 def at(seconds: float) -> datetime:
@@ -126,9 +129,20 @@ class World:
     name = "sim"
 
     def __init__(self, policy: Policy, trace: tuple[TraceJob, ...], onprem_nodes: int,
-                 gpus_per_node: int, store: SimStore, backfill: Backfill = Backfill.EASY):
+                 gpus_per_node: int, store: SimStore, backfill: Backfill = Backfill.EASY,
+                 slurm: BackfillConfig | None = None, bf_interval_s: float = 30.0):
         self.policy = policy
         self.backfill = Backfill(backfill)
+        # ``slurm``: Slurm's main scheduler at every event, its backfill pass (the shared model,
+        # orchestrator.planner.backfill) at most every ``bf_interval_s`` when something changed.
+        self.slurm = slurm or BackfillConfig()
+        self.bf_interval_s = bf_interval_s
+        self._order: list[tuple[tuple, int]] = []  # pending (key, index), sorted (slurm only)
+        self._last_pass = -math.inf
+        self._pass_version = -1  # the on-prem pool's version at the last pass
+        self._pass_pending = -1
+        self.bf_passes = 0
+        self.backfill_due_at: float | None = None  # a pass held back by bf_interval is due then
         self.pool_name = policy.pool.name
         self.store = store
         self.onprem = GpuPool.uniform(onprem_nodes, gpus_per_node)
@@ -194,7 +208,10 @@ class World:
         self.pending_gpus += job.gpus
         self._pending_tuple = None
         entry = (job.key, job.attempt, job)
-        heapq.heappush(self._all.setdefault(job.gpus, []), entry)
+        if self.backfill is Backfill.SLURM:
+            insort(self._order, (job.key, job.index))
+        else:
+            heapq.heappush(self._all.setdefault(job.gpus, []), entry)
         job.eligible = eligible
         if eligible:
             heapq.heappush(self._burst_q.setdefault(job.gpus, []), entry)
@@ -214,6 +231,8 @@ class World:
             if self.onprem.free_total:
                 if self.backfill is Backfill.EASY:
                     self._fill_reserving(now, started)
+                elif self.backfill is Backfill.SLURM:
+                    self._fill_slurm(now, started)
                 else:
                     self._fill(self.onprem, self._all, "onprem", now, started)
             if self.burst.free_total and self._burst_q:
@@ -338,6 +357,48 @@ class World:
             self._start(job, alloc, "onprem", now)
             started.append(job)
 
+    def _fill_slurm(self, now: float, started: list[SimJob]) -> None:
+        """Fill on-prem as Slurm does: the main scheduler (priority order, stopping at the first
+        job that does not fit), then, at most every ``bf_interval_s`` and only when the pool or
+        the queue changed since the last one, a backfill pass of the shared model."""
+        pool = self.onprem
+        order = self._order
+        jobs = self.jobs
+        while order and pool.free_total:
+            job = jobs[order[0][1]]
+            if job.gpus > pool.total:
+                break  # never fits here (the backfill pass skips it)
+            alloc = pool.place(job.gpus)
+            if alloc is None:
+                break
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+        if (not order or not pool.free_total
+                or (self._pass_version == pool.version and self._pass_pending == len(order))):
+            return
+        if now - self._last_pass < self.bf_interval_s:
+            self.backfill_due_at = self._last_pass + self.bf_interval_s
+            return
+        self.backfill_due_at = None
+        self._last_pass = now
+        self.bf_passes += 1
+        runs = self._node_runs
+        space = NodeSpace([pool.size[i] for i in range(len(runs))],
+                          [pool.free[i] for i in range(len(runs))],
+                          ((i, end, used) for i, on in runs.items() for end, used in on.values()),
+                          now)
+        depth = self.slurm.max_job_test
+        tested = (PendingJob(index, jobs[index].gpus, jobs[index].trace.duration_s)
+                  for _, index in order[:depth])
+        result = backfill_pass(space, tested, self.slurm)
+        for index, alloc in result.started:
+            job = jobs[index]
+            pool.take(alloc)
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+        self._pass_version = pool.version
+        self._pass_pending = len(order)
+
     def _reservation(self, job: SimJob, now: float) -> tuple[float, frozenset[int]]:
         """When and on which on-prem nodes ``job`` (which does not fit now) can start, from the
         running jobs' expected ends: (S, nodes); (inf, no nodes) if it can never fit on-prem."""
@@ -375,6 +436,10 @@ class World:
         job.alloc = alloc
         del self.pending[job.index]
         self.pending_gpus -= job.gpus
+        if self.backfill is Backfill.SLURM:
+            order = self._order
+            position = bisect_left(order, (job.key, job.index))
+            del order[position]
         self._pending_tuple = None
         if where == "onprem":
             self.running_onprem += 1

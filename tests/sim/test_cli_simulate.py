@@ -76,6 +76,6 @@ def test_bad_input_is_a_clear_error_without_a_traceback(tmp_path):
     assert result.exit_code == 2 and "write N, pNN" in result.stderr
     result = invoke("--onprem-backfill", "conservative")
     assert result.exit_code == 2
-    assert "--onprem-backfill must be one of easy, first-fit, got 'conservative'" in result.stderr
+    assert "--onprem-backfill must be one of easy, first-fit, slurm, got 'conservative'" in result.stderr
     result = invoke("--policy", str(tmp_path / "missing.yaml"))
     assert result.exit_code == 2 and "missing.yaml" in result.stderr

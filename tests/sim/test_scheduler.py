@@ -158,3 +158,30 @@ def test_pool_find_skips_avoided_nodes_and_changes_nothing():
     assert pool.find(16, frozenset({1})) == ((0, 8), (2, 8))
     assert pool.find(24, frozenset({1})) is None
     assert pool.free_total == 24
+
+
+def test_slurm_backfill_scans_past_an_older_job_of_the_same_width():
+    # easy looks only at the first pending job of each width: "long" (2 GPUs) would delay wide,
+    # so "short" (2 GPUs, ends before a) waits behind it. Slurm's pass tests every job in order.
+    jobs = [("a", 0, 100, 4), ("b", 0, 100, 2), ("wide", 1, 100, 8), ("long", 2, 500, 2),
+            ("short", 3, 50, 2)]
+    for rule, expected in ((Backfill.EASY, ["a", "b"]), (Backfill.SLURM, ["a", "b", "short"])):
+        world = world_of(jobs, nodes=2, per_node=4, backfill=rule)
+        arrive_all(world, 3)
+        assert started_ids(world.dispatch(3)) == expected, rule
+
+
+def test_slurm_backfill_passes_come_at_most_every_bf_interval():
+    # The main scheduler runs at every event, the backfill pass at most every bf_interval_s.
+    jobs = [("a", 0, 100, 4), ("b", 0, 10, 3), ("wide", 1, 100, 8), ("small", 2, 20, 1),
+            ("c", 3, 10, 1)]
+    world = World(sim_policy(), tuple(TraceJob(*j) for j in jobs), 2, 4, SimStore(),
+                  backfill=Backfill.SLURM, bf_interval_s=30.0)
+    for job in world.jobs[:4]:
+        world.arrive(job, 2, True)
+    # a and b by the main scheduler; wide blocks it; the pass backfills small (ends by 102).
+    assert started_ids(world.dispatch(2)) == ["a", "b", "small"]
+    world.finish(world.jobs[1], 0, 12)
+    world.arrive(world.jobs[4], 12, True)
+    assert started_ids(world.dispatch(12)) == []  # wide heads the queue; no pass before 32
+    assert started_ids(world.dispatch(32)) == ["c"]

@@ -1,0 +1,305 @@
+"""Slurm's backfill scheduler as a pure model of the on-prem cluster, on its real node shapes.
+
+One module, two users: the simulator's on-prem scheduler (:mod:`orchestrator.sim.world`) starts
+what a pass says starts now, and the planner's wait prediction can read the starts a pass plans.
+Both therefore schedule the same way, and ``bench/slurm_backfill.py`` checks this model against a
+real ``slurmctld`` running ``sched/backfill`` (``docs/simulator.md``, "Checked against Slurm").
+
+A *pass* (Slurm's ``_attempt_backfill``) walks the pending jobs in scheduling order (priority,
+then submit order), at most :attr:`BackfillConfig.max_job_test` of them (``bf_max_job_test``):
+
+* the job's earliest start is looked up in the :class:`NodeSpace`: each node's free GPUs over
+  future time, from the running jobs' expected ends (their time limits) less what this pass has
+  already started or reserved;
+* a job whose earliest start is now starts now, on the node with the least free room that holds
+  it for its whole time limit (best fit, lowest index on ties: the rule of
+  :mod:`orchestrator.sim.pool`);
+* any other job gets a *reservation* at its earliest start while fewer than
+  :attr:`BackfillConfig.reservations` jobs hold one (Slurm reserves for every job it tests; EASY
+  backfill reserves for the first only), so a later job starts now only where it delays none.
+
+A job no wider than a node runs on one node; a wider job takes ``ceil(gpus / node size)`` whole
+nodes (all of their GPUs), as ``--nodes=K --gres=gpu:SIZE`` does. A job wider than the cluster
+can never start and is skipped. Slurm's main scheduler (strict priority order, stopping at the
+first job that does not fit) is :func:`fifo_pass`; Slurm runs it on every job event and the
+backfill pass every ``bf_interval``.
+
+Times are plain seconds on the caller's clock. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...), as orchestrator.sim.pool
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillConfig:
+    """The knobs of Slurm's backfill that change who starts when (``SchedulerParameters``)."""
+
+    max_job_test: int = 500  # bf_max_job_test: pending jobs a pass examines
+    reservations: int = 500  # how many blocked jobs a pass reserves for (Slurm: all it tests)
+
+    def __post_init__(self) -> None:
+        if self.max_job_test < 1 or self.reservations < 0:
+            raise ValueError("max_job_test must be >= 1 and reservations >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A pending job as the scheduler sees it: who it is, its GPUs and its time limit."""
+
+    key: Hashable
+    gpus: int
+    limit_s: float  # the time limit the scheduler plans with (inf: none)
+
+
+@dataclass(slots=True)
+class PassResult:
+    """What one pass decided: jobs that start now (with their allocation) and planned starts."""
+
+    started: list[tuple[Hashable, Allocation]] = field(default_factory=list)
+    planned: dict[Hashable, float] = field(default_factory=dict)  # reserved job -> start (s)
+    tested: int = 0
+
+
+class NodeSpace:
+    """Free GPUs of every node over future time: per node a step function ``times``/``frees``
+    (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
+
+    __slots__ = ("sizes", "times", "frees", "now", "node_size", "free_total", "free_nodes")
+
+    def __init__(self, sizes: Sequence[int], free_now: Sequence[int],
+                 ends: Iterable[tuple[int, float, int]], now: float):
+        """``ends``: (node, expected end, GPUs) of the work running now; an end at or before
+        ``now`` frees its GPUs at once."""
+        self.sizes = list(sizes)
+        self.now = now
+        self.node_size = max(self.sizes, default=0)
+        per_node: list[list[tuple[float, int]]] = [[] for _ in self.sizes]
+        for node, end, gpus in ends:
+            per_node[node].append((end, gpus))
+        self.times: list[list[float]] = []
+        self.frees: list[list[int]] = []
+        for node, releases in enumerate(per_node):
+            times = [now]
+            frees = [free_now[node]]
+            for end, gpus in sorted(releases):
+                if end <= times[-1]:
+                    frees[-1] += gpus
+                else:
+                    times.append(end)
+                    frees.append(frees[-1] + gpus)
+            self.times.append(times)
+            self.frees.append(frees)
+        self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
+        self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def free_now(self, node: int) -> int:
+        return self.frees[node][0]
+
+    def earliest(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
+        """The earliest start of a job and where; None if it can never fit."""
+        if gpus > self.node_size:
+            return self._earliest_whole(gpus, limit_s)
+        best: tuple[float, int, int] | None = None  # (start, free room then, node)
+        for node, size in enumerate(self.sizes):
+            if size < gpus:
+                continue
+            start = _earliest_on(self.times[node], self.frees[node], gpus, limit_s)
+            if start is None:
+                continue
+            room = self.frees[node][_step(self.times[node], start)]
+            if best is None or (start, room, node) < best:
+                best = (start, room, node)
+        if best is None:
+            return None
+        return best[0], ((best[2], gpus),)
+
+    def fits_now(self, gpus: int, limit_s: float) -> Allocation | None:
+        """Where a job would start now (None if nowhere), without changing anything: the
+        lowest-index whole nodes for a wide job, else the node with the least free room."""
+        if gpus > self.free_total:
+            return None
+        end = self.now + limit_s
+        if gpus > self.node_size:
+            size = self.node_size
+            need = math.ceil(gpus / size)
+            whole = sorted(i for i in self.free_nodes
+                           if self.frees[i][0] == size == self.sizes[i]
+                           and _holds(self.times[i], self.frees[i], 0, size, end))
+            return tuple((i, size) for i in whole[:need]) if len(whole) >= need else None
+        best: tuple[int, int] | None = None
+        for node in self.free_nodes:
+            frees = self.frees[node]
+            room = frees[0]
+            if room < gpus or (best is not None and (room, node) >= best):
+                continue
+            if _holds(self.times[node], frees, 0, gpus, end):
+                best = (room, node)
+        return None if best is None else ((best[1], gpus),)
+
+    def _earliest_whole(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
+        """Whole nodes: the first time enough nodes are all free for the whole limit (a sweep
+        over each node's windows of being entirely free)."""
+        size = self.node_size
+        need = math.ceil(gpus / size)
+        if sum(1 for s in self.sizes if s == size) < need:
+            return None
+        events: list[tuple[float, int, int]] = []  # (time, +1 opens / -1 closes after, node)
+        for node, node_size in enumerate(self.sizes):
+            if node_size != size:
+                continue
+            times, frees = self.times[node], self.frees[node]
+            k = 0
+            n = len(times)
+            while k < n:
+                if frees[k] != size:
+                    k += 1
+                    continue
+                j = k
+                while j + 1 < n and frees[j + 1] == size:
+                    j += 1
+                opens = times[k]
+                closes = times[j + 1] if j + 1 < n else INF
+                last = closes - limit_s  # the latest start that still ends by ``closes``
+                if last >= opens:
+                    events.append((opens, 0, node))  # opens sort before closes at one time
+                    events.append((last, 1, node))
+                k = j + 1
+        events.sort()
+        open_nodes: set[int] = set()
+        for when, kind, node in events:
+            if kind == 0:
+                open_nodes.add(node)
+                if len(open_nodes) >= need:
+                    chosen = sorted(open_nodes)[:need]
+                    return when, tuple((i, self.sizes[i]) for i in chosen)
+            else:
+                open_nodes.discard(node)
+        return None
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def hold(self, allocation: Allocation, start: float, limit_s: float) -> None:
+        """Take the allocation's GPUs from ``start`` for ``limit_s`` (a start or a reservation)."""
+        end = start + limit_s
+        for node, gpus in allocation:
+            times, frees = self.times[node], self.frees[node]
+            a = _split(times, frees, start)
+            b = _split(times, frees, end) if end < INF else len(times)
+            if a == 0:
+                self.free_total -= gpus
+                if frees[0] <= 0:
+                    self.free_nodes.discard(node)
+            for k in range(a, b):
+                frees[k] -= gpus
+
+
+def _step(times: list[float], t: float) -> int:
+    """The index of the step holding time ``t`` (``t >= times[0]``)."""
+    lo, hi = 0, len(times) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if times[mid] <= t:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _split(times: list[float], frees: list[int], t: float) -> int:
+    """Make ``t`` a step boundary; its index."""
+    k = _step(times, t)
+    if times[k] == t:
+        return k
+    times.insert(k + 1, t)
+    frees.insert(k + 1, frees[k])
+    return k + 1
+
+
+def _holds(times: list[float], frees: list[int], k: int, gpus: int, end: float) -> bool:
+    """Whether ``gpus`` stay free from step ``k`` until ``end``."""
+    n = len(times)
+    j = k
+    while j < n and times[j] < end:
+        if frees[j] < gpus:
+            return False
+        j += 1
+    return True
+
+
+def _earliest_on(times: list[float], frees: list[int], gpus: int, limit_s: float) -> float | None:
+    """The first step start from which ``gpus`` stay free on one node for ``limit_s``."""
+    n = len(times)
+    k = 0
+    while k < n:
+        if frees[k] < gpus:
+            k += 1
+            continue
+        end = times[k] + limit_s
+        j = k + 1
+        while j < n and times[j] < end:
+            if frees[j] < gpus:
+                break
+            j += 1
+        else:
+            return times[k]
+        k = j + 1
+    return None
+
+
+def fifo_pass(space: NodeSpace, jobs: Iterable[PendingJob]) -> list[tuple[Hashable, Allocation]]:
+    """Slurm's main scheduler: start jobs in order until the first that cannot start now."""
+    started = []
+    for job in jobs:
+        alloc = space.fits_now(job.gpus, job.limit_s)
+        if alloc is None:
+            if job.gpus > sum(space.sizes):
+                continue  # can never run here: it holds nobody back
+            break
+        space.hold(alloc, space.now, job.limit_s)
+        started.append((job.key, alloc))
+    return started
+
+
+def backfill_pass(space: NodeSpace, jobs: Iterable[PendingJob], config: BackfillConfig,
+                  plan_all: bool = False) -> PassResult:
+    """One backfill pass (module docstring). ``plan_all``: plan the start of every tested job
+    (the planner's prediction); otherwise the pass stops once no GPU is free now, since then
+    nothing more can start in it."""
+    result = PassResult()
+    now = space.now
+    reserved = 0
+    total = sum(space.sizes)
+    for job in jobs:
+        if result.tested >= config.max_job_test:
+            break
+        if not plan_all and space.free_total <= 0:
+            break
+        result.tested += 1
+        if job.gpus > total:
+            continue
+        alloc = space.fits_now(job.gpus, job.limit_s)
+        if alloc is not None:
+            space.hold(alloc, now, job.limit_s)
+            result.started.append((job.key, alloc))
+            continue
+        if reserved >= config.reservations and not plan_all:
+            continue
+        found = space.earliest(job.gpus, job.limit_s)
+        if found is None:
+            continue
+        start, alloc = found
+        result.planned[job.key] = start
+        if reserved < config.reservations:
+            reserved += 1
+            space.hold(alloc, start, job.limit_s)
+    return result

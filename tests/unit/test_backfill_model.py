@@ -1,0 +1,103 @@
+"""The shared on-prem scheduler model (orchestrator/planner/backfill.py): Slurm's main scheduler
+and backfill pass on whole nodes. Checked against real Slurm by bench/slurm_backfill.py and
+tests/integration/test_slurm_backfill_model.py (long)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.planner.backfill import (BackfillConfig, NodeSpace, PendingJob, backfill_pass,
+                                           fifo_pass)
+
+
+def space(nodes: int, per_node: int, running: list[tuple[int, float, int]], now: float = 0.0):
+    free = [per_node] * nodes
+    for node, _, gpus in running:
+        free[node] -= gpus
+    return NodeSpace([per_node] * nodes, free, running, now)
+
+
+def test_earliest_start_is_when_a_node_frees_enough_gpus():
+    s = space(2, 4, [(0, 100.0, 4), (1, 50.0, 2)])
+    assert s.earliest(2, 10.0) == (0.0, ((1, 2),))  # node 1 has 2 free now
+    assert s.earliest(3, 10.0) == (50.0, ((1, 3),))
+    assert s.earliest(8, 10.0) == (100.0, ((0, 4), (1, 4)))  # whole nodes, both free at 100
+
+
+def test_a_reservation_keeps_a_long_job_off_its_nodes_but_not_a_short_one():
+    s = space(2, 4, [(0, 100.0, 4), (1, 50.0, 2)])
+    jobs = [PendingJob("wide", 8, 300.0), PendingJob("long", 2, 200.0),
+            PendingJob("short", 2, 90.0)]
+    result = backfill_pass(s, jobs, BackfillConfig())
+    assert result.planned["wide"] == 100.0
+    assert [key for key, _ in result.started] == ["short"]  # ends by 100: delays nobody
+    assert result.planned["long"] == 400.0  # after the wide job
+
+
+def test_easy_reserves_for_the_first_blocked_job_only():
+    jobs = [PendingJob("wide", 8, 300.0), PendingJob("mid", 4, 300.0),
+            PendingJob("small", 2, 200.0)]
+    slurm = backfill_pass(space(2, 4, [(0, 100.0, 4), (1, 50.0, 2)]), jobs, BackfillConfig())
+    easy = backfill_pass(space(2, 4, [(0, 100.0, 4), (1, 50.0, 2)]), jobs,
+                         BackfillConfig(reservations=1))
+    assert slurm.started == [] and easy.started == []  # small would delay wide either way
+    assert slurm.planned == {"wide": 100.0, "mid": 400.0, "small": 400.0}
+    assert easy.planned == {"wide": 100.0}  # the others are only tried for a start now
+
+
+def test_depth_limits_what_a_pass_examines():
+    jobs = [PendingJob("wide", 8, 300.0)] + [PendingJob(f"s{i}", 1, 10.0) for i in range(3)]
+    result = backfill_pass(space(2, 4, [(0, 100.0, 4)]), jobs, BackfillConfig(max_job_test=2))
+    assert result.tested == 2 and [k for k, _ in result.started] == ["s0"]
+
+
+def test_fifo_stops_at_the_first_job_that_does_not_fit_and_skips_impossible_ones():
+    s = space(2, 4, [(0, 100.0, 3)])
+    jobs = [PendingJob("huge", 16, 1.0), PendingJob("a", 1, 10.0), PendingJob("b", 4, 10.0),
+            PendingJob("c", 4, 10.0), PendingJob("d", 1, 10.0)]
+    assert [k for k, _ in fifo_pass(s, jobs)] == ["a", "b"]
+
+
+def test_best_fit_picks_the_node_with_least_free_room():
+    s = space(3, 4, [(0, 100.0, 1), (1, 100.0, 3)])
+    assert s.fits_now(1, 10.0) == ((1, 1),)
+    assert s.fits_now(4, 10.0) == ((2, 4),)
+
+
+runs = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 500), st.integers(1, 4)),
+                max_size=8)
+queue = st.lists(st.tuples(st.integers(1, 12), st.integers(1, 400)), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs, queue, st.integers(0, 12))
+def test_a_pass_never_overcommits_a_node_nor_delays_a_reservation(running, pending, reserve):
+    per_node = 4
+    used = [0] * 4
+    kept = []
+    for node, end, gpus in running:
+        if used[node] + gpus <= per_node:
+            used[node] += gpus
+            kept.append((node, float(end), gpus))
+    jobs = [PendingJob(i, gpus, float(limit)) for i, (gpus, limit) in enumerate(pending)]
+    s = space(4, per_node, kept)
+    result = backfill_pass(s, jobs, BackfillConfig(reservations=reserve), plan_all=True)
+    # The space after the pass holds every start and reservation: no node is ever short.
+    for frees in s.frees:
+        assert min(frees) >= 0
+    for frees, times in zip(s.frees, s.times):
+        assert times == sorted(times) and frees[-1] == per_node
+    started = {key for key, _ in result.started}
+    for key, alloc in result.started:
+        job = jobs[key]
+        assert sum(g for _, g in alloc) >= job.gpus
+        assert len(alloc) == 1 or all(g == per_node for _, g in alloc)
+    # Every job no wider than the cluster either starts now or has a planned start later.
+    for job in jobs:
+        if job.gpus <= 4 * per_node:
+            assert (job.key in started) != (job.key in result.planned)
+            if job.key in result.planned:
+                assert 0 < result.planned[job.key] < math.inf
