@@ -4,6 +4,7 @@
 * ``/v1`` read and submit routes (nodes, decisions, queue, jobs, costs, budgets), authenticated by
   bearer tokens scoped to a role and projects (:mod:`orchestrator.api.auth`);
 * ``/healthz``, ``/readyz`` and ``/metrics``;
+* the read-only web dashboard at ``/ui`` (:mod:`orchestrator.api.ui`, cookie sign-in with a token);
 * ``/openapi.json``. Every error is an RFC 9457 problem document (:mod:`orchestrator.api.problems`).
 
 Every request body is size-limited and the anonymous agent route rate-limited per source
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from orchestrator.api import agents, health, problems, reports, v1
+from orchestrator.api import agents, health, problems, reports, ui, v1
 from orchestrator.api.limits import BodyLimit, Rate, RateLimit
 from orchestrator.wiring import Runtime
 
@@ -35,6 +36,7 @@ def create_app(runtime: Runtime, *, register_rate: Rate | None = None) -> FastAP
     app.include_router(v1.router(runtime))
     app.include_router(reports.router(runtime))
     app.include_router(health.router(runtime))
+    ui.install(app, runtime)  # the web dashboard at /ui
     # The last added runs first: a flooding source is refused before its body is read.
     app.add_middleware(BodyLimit)
     app.add_middleware(RateLimit, rate=register_rate)
