@@ -61,6 +61,8 @@ def test_pages_show_what_the_api_serves(seeded: Seeded) -> None:
             assert row, node["id"]
             assert f'{node["price_usd_hour"]:.2f}' in row.group(1)
             assert node["state"] in row.group(1)
+            measured = node["gpu_utilisation_percent"]
+            assert (f"{measured:.0f}%" if measured is not None else "unknown") in row.group(1)
         budgets = ui.get("/ui/budgets").text
         for b in seeded.client.get("/v1/budgets", headers=admin).json()["budgets"]:
             section = budgets.split(f'data-budget="{b["policy"]}/{b["budget"]}"')[1]

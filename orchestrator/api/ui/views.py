@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from orchestrator.api.usage_metrics import node_flagged
 from orchestrator.api.v1 import JobOut, NodeOut, iso
 from orchestrator.costs.budgets import BudgetStatus, budget_statuses
 from orchestrator.costs.report import CostQuery, CostReport, GroupKey, cost_report
@@ -43,7 +44,15 @@ class PoolRow:
 class NodeRow:
     node: NodeOut
     region: str
-    utilisation: str  # GPUs busy of the node's GPUs, as a percentage
+    utilisation: str  # GPUs allocated to running jobs of the node's GPUs, as a percentage
+
+    @property
+    def measured(self) -> str:
+        """Measured GPU utilisation (issue 15's agent readings), as ``burst status`` shows it."""
+        percent = self.node.gpu_utilisation_percent
+        if percent is None:
+            return "unknown"
+        return f"{percent:.0f}%" + (" (low)" if self.node.low_utilisation else "")
 
 
 @dataclass
@@ -62,7 +71,7 @@ def fleet(rt: Runtime, token: ApiToken) -> Fleet:
     rows = []
     places: dict[tuple[str, str, str], int] = {}
     for node in nodes:
-        out = NodeOut.of(node, now, busy.get(node.id, 0))
+        out = NodeOut.of(node, now, busy.get(node.id, 0), node_flagged(rt, node, now))
         parts = node.offering_key.split("/")  # provider/region/zone/type/market
         region = parts[1] if len(parts) == 5 else "-"
         share = f"{100 * out.gpus_busy / out.gpus:.0f}%" if out.gpus else "-"
