@@ -11,10 +11,12 @@ Both read what the cost ledger holds (:mod:`orchestrator.costs.report`,
 * ``/v1/budgets``: a project token sees the budgets of its projects; pool-wide budgets (no
   project) add up every project's spend, so only admins see them.
 
+* ``/v1/usage``: GPU-hours allocated and measurably used per user, project, provider, pool or
+  day (:mod:`orchestrator.costs.usage_report`), filtered to the caller's projects first;
 * ``/v1/roi``: the return on burst spend per project and month (:mod:`orchestrator.costs.roi`),
   filtered to the caller's projects like ``/v1/costs``.
 
-``/v1/costs`` and ``/v1/roi`` answer JSON, or CSV (``text/csv``) when the request's ``Accept``
+``/v1/costs``, ``/v1/usage`` and ``/v1/roi`` answer JSON, or CSV (``text/csv``) when the request's ``Accept``
 prefers it or ``format=csv`` asks for it.
 """
 
@@ -118,6 +120,41 @@ def router(runtime: Runtime) -> APIRouter:
         if start >= end:
             raise invalid("from", f"{iso(start)} must be before to ({iso(end)})")
         report = roi_report(runtime.store, since=start, until=end, projects=scope)
+        if format == "csv" or (format is None and wants_csv(request)):
+            return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
+        return report.as_json()
+
+    @api.get("/usage", responses={200: {"content": {"application/json": {}, CSV: {}},
+                                        "description": "The usage report, JSON or CSV."}})
+    def usage(
+        request: Request,
+        token: Caller,
+        since: Annotated[str | None, Query(alias="from", description="Start: ISO 8601 with a timezone, a date (UTC midnight) or a span back from now (7d); default: the start of this month, UTC.")] = None,
+        until: Annotated[str | None, Query(alias="to", description="End: as from; default: now.")] = None,
+        group_by: Annotated[str, Query(description="Comma-separated keys: user, project, provider, pool, day.", max_length=200)] = DEFAULT_GROUP_BY,
+        project: ProjectQuery = None,
+        user: UserQuery = None,
+        pool: NameQuery = None,
+        format: Annotated[str | None, Query(pattern="^(json|csv)$", description="json or csv (default: by the Accept header).")] = None,
+    ) -> Any:
+        """GPU-hours allocated and measurably used, on-prem and burst, cost, queue wait and jobs
+        per group (viewers: their projects only)."""
+        from orchestrator.costs.usage_report import parse_usage_group_by, usage_report
+
+        scope = project_scope(token, parse_projects(project))
+        now = runtime.clock.now()
+        end = parse_time(until, "to", now) if until is not None else now
+        start = parse_time(since, "from", now) if since is not None else month_start(end)
+        if since is None and start >= end:
+            start = end - timedelta(days=1)
+        if start >= end:
+            raise invalid("from", f"{iso(start)} must be before to ({iso(end)})")
+        try:
+            keys = parse_usage_group_by(group_by)
+        except ValueError as exc:
+            raise invalid("group_by", str(exc)) from None
+        report = usage_report(runtime.store, keys, since=start, until=end, projects=scope,
+                              users=parse_users(user), pool=pool)
         if format == "csv" or (format is None and wants_csv(request)):
             return Response(report.as_csv(), media_type=f"{CSV}; charset=utf-8")
         return report.as_json()

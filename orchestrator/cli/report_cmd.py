@@ -55,6 +55,7 @@ def report_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print the report as CSV.")] = False,
     png: Annotated[Path | None, typer.Option("--png", help="Also write a chart: cost per day stacked by project, with budget lines.")] = None,
+    usage: Annotated[bool, typer.Option("--usage", help="The usage report instead: per group (--group-by of user, project, provider, pool, day) GPU-hours allocated on-prem and burst, measured and used, cost, queue wait p50/p95, jobs; --png: GPU-hours stacked by user or project, the used share shaded.")] = False,
     roi: Annotated[bool, typer.Option("--roi", help="The return on burst spend instead: per project and month, burst $, GPU-hours burst, researcher-hours of waiting avoided, $ per hour avoided (default --from: the start of this year).")] = False,
     policy: _PolicyOpt = None,
     state_dir: _StateOpt = None,
@@ -77,6 +78,11 @@ def report_command(
         start = end - timedelta(days=1)
     if start >= end:
         fail(f"--from: {_iso(start)} must be before --to ({_iso(end)})")
+    if usage:
+        from orchestrator.cli.usage_cmd import usage_main
+
+        usage_main(start, end, group_by, project, user, pool, png, as_json, as_csv, state_dir)
+        return
     try:
         keys = parse_group_by(group_by)
     except ValueError as exc:
@@ -104,12 +110,7 @@ def report_command(
     finally:
         store.close()
 
-    if as_json:
-        print_json(report.as_json())
-    elif as_csv:
-        typer.echo(report.as_csv(), nl=False)
-    else:
-        out.print(render_table(report))
+    emit(report, as_json, as_csv, render_table)
     if png is not None and daily is not None:
         try:
             write_chart(daily, policies, png, start, end, pool)
@@ -117,6 +118,16 @@ def report_command(
             fail(f"--png: cannot write {png}: {exc}")
         if not as_json and not as_csv:
             line(f"chart written to {png}")
+
+
+def emit(report: Any, as_json: bool, as_csv: bool, render: Any) -> None:
+    """Print a report (anything with ``as_json`` and ``as_csv``) as JSON, CSV or its table."""
+    if as_json:
+        print_json(report.as_json())
+    elif as_csv:
+        typer.echo(report.as_csv(), nl=False)
+    else:
+        out.print(render(report))
 
 
 def _roi(start: datetime, end: datetime, project: list[str] | None, png: Path | None,
@@ -134,12 +145,7 @@ def _roi(start: datetime, end: datetime, project: list[str] | None, png: Path | 
         report = roi_report(store, since=start, until=end, projects=projects or None)
     finally:
         store.close()
-    if as_json:
-        print_json(report.as_json())
-    elif as_csv:
-        typer.echo(report.as_csv(), nl=False)
-    else:
-        out.print(render_roi(report))
+    emit(report, as_json, as_csv, render_roi)
 
 
 def render_roi(report: Any) -> Table:
@@ -276,4 +282,4 @@ def _iso(moment: datetime | None) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else "-"
 
 
-__all__ = ["budget_window_days", "daily_pace", "render_roi", "render_table", "report_command", "write_chart"]
+__all__ = ["budget_window_days", "daily_pace", "emit", "render_roi", "render_table", "report_command", "write_chart"]

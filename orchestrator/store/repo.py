@@ -23,6 +23,7 @@ from orchestrator.policy.models import Market
 from orchestrator.store import tables as T
 from orchestrator.store.base import require_aware
 from orchestrator.store.burstwaits import BurstWaits, record_predictions
+from orchestrator.store.usage_reads import UsageReads
 from orchestrator.store.codec import (
     decision_fingerprint,
     decision_from_json,
@@ -113,9 +114,9 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
     return replace(decision, repeats=int(row.repeats), last_seen_at=row.last_seen_at)
 
 
-class Store(BurstWaits, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns, PoolControls,
-            Ledger, ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation, Notices,
-            Fencing):
+class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
+            PoolControls, Ledger, ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation,
+            Notices, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

@@ -42,11 +42,16 @@ def seed(store: Store) -> None:
     roll_up(store, [rig.policy], rig.now)
 
 
+def use_store(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the CLI at ``store`` (its URL) with a fresh state dir."""
+    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("BURST_DATABASE_URL", store.engine.url.render_as_string(hide_password=False))
+
+
 @pytest.fixture
 def env(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     seed(store)
-    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("BURST_DATABASE_URL", store.engine.url.render_as_string(hide_password=False))
+    use_store(store, tmp_path, monkeypatch)
     monkeypatch.delenv("BURST_POLICY_FILES", raising=False)
     return store
 
@@ -191,8 +196,7 @@ def test_report_roi_prints_the_return_on_burst_spend(store: Store, tmp_path: Pat
     from tests.integration.test_roi import seed_roi
 
     seed_roi(store)
-    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("BURST_DATABASE_URL", store.engine.url.render_as_string(hide_password=False))
+    use_store(store, tmp_path, monkeypatch)
     window = ["--from", "2025-03-01", "--to", "2025-04-01"]
     data = json.loads(run("report", "--roi", *window, "--json").stdout)
     assert data == roi_report(store, since=T0.replace(day=1, hour=0),
@@ -208,3 +212,40 @@ def test_report_roi_prints_the_return_on_burst_spend(store: Store, tmp_path: Pat
     assert run("report", "--roi", *window, "--project", "nobody", "--json").exit_code == 0
     refused = run("report", "--roi", "--png", str(tmp_path / "x.png"))
     assert refused.exit_code != 0 and "--png" in refused.output
+
+
+def test_report_usage_table_json_csv_and_chart(store: Store, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.image
+
+    from orchestrator.costs.usage_report import usage_report
+    from tests.integration.test_usage_report import seed_usage
+
+    seed_usage(store)
+    use_store(store, tmp_path, monkeypatch)
+    window = ["--from", "2025-03-01", "--to", "2025-03-02"]
+    data = json.loads(run("report", "--usage", *window, "--group-by", "project,user",
+                          "--json").stdout)
+    assert data == usage_report(store, ("project", "user"), since=T0.replace(hour=0),
+                                until=T0.replace(day=2, hour=0)).as_json()
+    table = run("report", "--usage", *window, "--group-by", "user")
+    assert table.exit_code == 0, table.output
+    assert "ada" in table.stdout and "unknown" in table.stdout and "(no user)" in table.stdout
+    rows = list(csv.DictReader(io.StringIO(run("report", "--usage", *window, "--group-by",
+                                               "provider", "--csv").stdout)))
+    assert {r["provider"] for r in rows} >= {"onprem"}
+    assert json.loads(run("report", "--usage", *window, "--user", "nobody",
+                          "--json").stdout)["rows"] == []
+    bad = run("report", "--usage", "--group-by", "colour")
+    assert bad.exit_code != 0 and "user, project, provider, pool, day" in bad.output
+
+    chart = tmp_path / "use.png"
+    drawn = run("report", "--usage", *window, "--group-by", "user,day", "--png", str(chart))
+    assert drawn.exit_code == 0 and f"chart written to {chart}" in drawn.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(str(chart))
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 500
+    # Not a blank canvas: the bars' colours (on-prem, burst, and the shaded used share) are drawn.
+    colours = {tuple(round(float(c), 2) for c in p[:3]) for p in pixels.reshape(-1, pixels.shape[2])}
+    for wanted in ((0.56, 0.70, 0.85), (0.95, 0.70, 0.48), (0.71, 0.38, 0.11)):
+        assert any(all(abs(a - b) < 0.02 for a, b in zip(c, wanted)) for c in colours), wanted
