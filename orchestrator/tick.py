@@ -134,11 +134,16 @@ PRUNE_EVERY = timedelta(hours=1)  # how often the embedded loop and beat apply d
 
 def prune_decisions(rt: Runtime, now: datetime) -> int:
     """Apply ``settings.decision_retention``: delete decisions last made longer ago; returns how
-    many went. Shared by the embedded loop (hourly) and beat's ``burst.decisions.prune``."""
+    many went. Shared by the embedded loop (hourly) and beat's ``burst.decisions.prune``, which
+    apply ``settings.usage_retention`` to the GPU-use aggregates in the same pass."""
     removed = rt.store.prune_decisions(now - rt.settings.decision_retention)
     if removed:
         log.info("pruned %d decision(s) last made before the %s retention", removed,
                  format_duration(rt.settings.decision_retention))
+    usage = rt.store.prune_utilisation(now - rt.settings.usage_retention)
+    if usage:
+        log.info("pruned %d GPU-use row(s) (job aggregates, node-hours) older than the %s "
+                 "retention", usage, format_duration(rt.settings.usage_retention))
     return removed
 
 

@@ -90,6 +90,10 @@ class Settings(BaseSettings):
         default=timedelta(days=30),
         description="How long decisions are kept after they were last made (like 30d or 12h); "
                     "older ones are pruned hourly by the embedded loop and by beat.")
+    usage_retention: Duration = Field(
+        default=timedelta(days=400),
+        description="How long measured GPU use is kept: job aggregates last measured longer ago "
+                    "and node-hour roll-ups of older hours are pruned with the decisions.")
 
     @classmethod
     def settings_customise_sources(

@@ -47,9 +47,11 @@ from orchestrator.sources.slurm_cli import (
     UNUSABLE_NODE_FLAGS,
     USABLE_NODE_STATES,
     SlurmCli,
+    SlurmError,
     expand_hostlist,
     gres_count,
 )
+from orchestrator.sources.slurm_usage import AccountedJob, parse_sacct_usage
 from orchestrator.store import StaleLeaderError, Store
 from orchestrator.store.jobruns import JobRun, RunSource, slurm_run_key
 
@@ -61,6 +63,8 @@ UNMET_REASONS = frozenset({
 })
 INFINITE_MINUTES = 0xFFFFFFFF - 1  # 22.05 prints INFINITE time limits as 4294967294 (or omits them)
 MAX_ARRAY_TASKS = 10_000
+ACCOUNTING_EVERY = timedelta(minutes=10)  # sacct is read at most this often per cluster
+ACCOUNTING_LOOKBACK = timedelta(hours=6)  # the first read after a start looks back this far
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +298,8 @@ class SlurmQueue:
         self.store = store
         self.policies = [p for p in policies if p.queue.source is QueueSourceKind.SLURM]
         self._clis: dict[str | None, SlurmCli] = {}
+        self._accounted_until: dict[str | None, datetime] = {}
+        self._accounting_failed: set[str | None] = set()  # logged once per cluster
         for policy in self.policies:
             conf = policy.queue.slurm_conf
             if conf not in self._clis:
@@ -314,7 +320,43 @@ class SlurmQueue:
             jobs, nodes = views[policy.queue.slurm_conf]
             queues[policy.pool.name] = pool_queue(policy, jobs, nodes, policy.fabric.slurm.feature)
         self.record_runs({conf: jobs for conf, (jobs, _) in views.items()}, now)
+        self.record_accounting(now)
         return queues
+
+    def record_accounting(self, now: datetime) -> int:
+        """What Slurm accounting says of the GPU jobs that ended since the last read (at most
+        every ``ACCOUNTING_EVERY`` per cluster): recorded once per job in the store's GPU-use
+        aggregates (:mod:`orchestrator.sources.slurm_usage`), measured where the site collects
+        ``gres/gpuutil``, else allocation only. A cluster without accounting (sacct failing) is
+        logged once and leaves its jobs unmeasured; it never stops the observation."""
+        if self.store.read_only:
+            return 0
+        recorded = 0
+        for conf, cli in self._clis.items():
+            since = self._accounted_until.get(conf)
+            if since is not None and now - since < ACCOUNTING_EVERY:
+                continue
+            read = getattr(cli, "accounting", None)
+            if read is None:
+                continue  # a recorded listing (tests) has no accounting to read
+            try:
+                text = read(since or now - ACCOUNTING_LOOKBACK, now)
+            except SlurmError as exc:
+                if conf not in self._accounting_failed:
+                    self._accounting_failed.add(conf)
+                    log.warning("Slurm accounting of %s unreadable (%s): its jobs' GPU use is "
+                                "unknown (logged once)", conf or "the default cluster", exc)
+                self._accounted_until[conf] = now
+                continue
+            self._accounted_until[conf] = now
+            try:
+                recorded += record_accounted(self.store, parse_sacct_usage(text).values())
+            except StaleLeaderError:
+                raise
+            except Exception:  # noqa: BLE001 - the queue view is still good without it
+                log.warning("could not record the Slurm accounting of %s",
+                            conf or "the default cluster", exc_info=True)
+        return recorded
 
     def record_runs(self, listings: Mapping[str | None, list[dict[str, Any]]], now: datetime
                     ) -> tuple[int, int]:
@@ -370,6 +412,19 @@ class SlurmQueue:
     # The built-in queue's dispatcher hook: Slurm schedules its own on-prem nodes.
     def dispatch_onprem(self, now: datetime) -> list:
         return []
+
+
+def record_accounted(store: Store, jobs: Iterable[AccountedJob]) -> int:
+    """Record each ended GPU job accounting knows (a job is recorded once); the count new."""
+    new = 0
+    for job in jobs:
+        if job.started_at is None or job.ended_at is None or not job.gpus:
+            continue
+        new += store.record_job_accounting(
+            job.job_id, job.account, started_at=job.started_at, ended_at=job.ended_at,
+            gpus=job.gpus, mean_utilisation_percent=job.mean_utilisation_percent,
+            peak_memory_mib=job.peak_memory_mib)
+    return new
 
 
 def _split(value: Any) -> list[str]:

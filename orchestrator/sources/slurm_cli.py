@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 # Job states in which a job holds (or is about to hold, or still cleans up) a node.
@@ -73,6 +74,14 @@ class SlurmCli:
                              f"{detail[-1] if detail else 'no output'}",
                              command=argv, returncode=done.returncode)
         return done.stdout
+
+    def accounting(self, since: datetime, until: datetime) -> str:
+        """sacct's parsable output of the jobs that ended in [since, until), in UTC
+        (:mod:`orchestrator.sources.slurm_usage`); SlurmError without accounting storage."""
+        from orchestrator.sources.slurm_usage import sacct_command
+
+        utc = SlurmCli(self.conf, timeout_s=self.timeout_s, environ={**self.environ, "TZ": "UTC"})
+        return utc.run(*sacct_command(since, until))
 
     def json(self, *argv: str) -> dict[str, Any]:
         out = self.run(*argv)

@@ -23,8 +23,9 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-SACCT_FIELDS = ("JobID", "User", "Account", "Start", "End", "Elapsed", "AllocTRES",
+SACCT_FIELDS = ("JobID", "User", "Account", "QOS", "Start", "End", "Elapsed", "AllocTRES",
                 "TRESUsageInAve", "TRESUsageInMax")
+FINISHED_STATES = "CD,F,TO,CA,PR,NF,OOM,DL"  # ended jobs, whatever the reason
 MIB = 2**20
 
 
@@ -34,7 +35,7 @@ class AccountedJob:
 
     job_id: str
     user: str | None
-    account: str | None
+    account: str | None  # the project: its account, else its QOS (None: neither)
     started_at: datetime | None
     ended_at: datetime | None
     elapsed_s: float | None
@@ -110,6 +111,14 @@ class _Steps:
     peak: float | None = None
 
 
+def sacct_command(since: datetime, until: datetime) -> list[str]:
+    """The sacct call for jobs that ended in [since, until) (times in UTC: run it with TZ=UTC)."""
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    return ["sacct", "--parsable2", "--allusers", "--starttime",
+            since.astimezone(UTC).strftime(fmt), "--endtime", until.astimezone(UTC).strftime(fmt),
+            "--state", FINISHED_STATES, f"--format={','.join(SACCT_FIELDS)}"]
+
+
 def parse_sacct_usage(text: str) -> dict[str, AccountedJob]:
     """One :class:`AccountedJob` per job id in ``sacct -p``/``-P`` output with a header."""
     lines = [line for line in text.splitlines() if line.strip()]
@@ -157,7 +166,8 @@ def parse_sacct_usage(text: str) -> dict[str, AccountedJob]:
         else:
             mean = None
         found[job_id] = AccountedJob(
-            job_id=job_id, user=row.get("User") or None, account=row.get("Account") or None,
+            job_id=job_id, user=row.get("User") or None,
+            account=row.get("Account") or row.get("QOS") or None,
             started_at=_time(row.get("Start")), ended_at=_time(row.get("End")),
             elapsed_s=parse_elapsed(row.get("Elapsed")),
             gpus=None if gpus is None else int(gpus),
@@ -166,4 +176,5 @@ def parse_sacct_usage(text: str) -> dict[str, AccountedJob]:
     return found
 
 
-__all__ = ["AccountedJob", "SACCT_FIELDS", "parse_elapsed", "parse_sacct_usage", "parse_tres"]
+__all__ = ["AccountedJob", "FINISHED_STATES", "SACCT_FIELDS", "parse_elapsed",
+           "parse_sacct_usage", "parse_tres", "sacct_command"]

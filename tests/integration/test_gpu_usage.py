@@ -185,3 +185,20 @@ def test_idle_gpus_are_flagged_in_the_api_and_the_metrics(store: Store, tmp_path
         ("burst_gpu_low_utilisation_jobs", policy)] == 1
     gauges = metrics["burst_node_gpu_utilisation_percent"]
     assert [dict(labels)["node"] for _, labels in gauges] == ["n1"]  # n2: unknown, absent
+
+
+def test_slurm_accounting_of_a_real_job_is_recorded_once(store: Store) -> None:
+    from orchestrator.sources.slurm import record_accounted
+    from orchestrator.sources.slurm_usage import parse_sacct_usage
+
+    text = (DATA / "sacct-tres-usage-in-ave.txt").read_text().splitlines()
+    # The recorded job with the allocation fields sacct adds to the recorded usage columns.
+    header = "JobID|Account|Start|End|Elapsed|AllocTRES|TRESUsageInAve|"
+    rows = [header, "18194943|physics|2026-01-01T00:00:00|2026-01-01T01:00:00|01:00:00|"
+                    "gres/gpu=1||"] + [line.replace("|", "||||||", 1) for line in text[2:]]
+    jobs = parse_sacct_usage("\n".join(rows)).values()
+    assert record_accounted(store, jobs) == 1
+    assert record_accounted(store, jobs) == 0  # read again next period: recorded once
+    [use] = store.job_utilisation(["18194943"])
+    assert (use.source, use.project, use.allocated_gpu_s) == (UsageSource.SACCT, "physics", 3600.0)
+    assert use.mean_utilisation_percent == 100.0

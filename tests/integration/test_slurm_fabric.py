@@ -113,6 +113,10 @@ def test_queue_source_reads_pending_gpu_jobs_and_onprem_capacity(slurm, live_sto
                       what="the pending job")
     assert wanted[0].gpus == 2 and wanted[0].project == "research"
     assert wanted[0].duration_s == 1800 and wanted[0].pool == "gpu"
+    # This cluster keeps no accounting (accounting_storage/none): sacct fails, the observation
+    # goes on, and no job gets a measurement (unknown, never 0).
+    assert source._accounting_failed == {policy.queue.slurm_conf}
+    assert store.job_utilisation() == []
 
 
 # -- join and drain -------------------------------------------------------------------------------

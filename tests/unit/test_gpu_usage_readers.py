@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -171,3 +171,14 @@ def test_a_node_is_low_only_while_jobs_hold_gpus_under_the_threshold_and_known()
     assert node_reading(unknown, 5.0, since, later) == (None, None)  # unknown is never idle
     idle_node = [GpuUse(0, 0.0, 0.0, 1.0, None)]
     assert node_reading(idle_node, 5.0, since, later) == (0.0, None)  # no job: the idle rule's
+
+
+def test_the_sacct_call_asks_for_ended_jobs_in_utc_with_the_fields_the_parser_reads() -> None:
+    from orchestrator.sources.slurm_usage import SACCT_FIELDS, sacct_command
+
+    since = datetime(2026, 1, 1, 1, 0, tzinfo=timezone(timedelta(hours=1)))
+    argv = sacct_command(since, T0 + timedelta(hours=1))
+    assert argv[:3] == ["sacct", "--parsable2", "--allusers"]
+    assert argv[argv.index("--starttime") + 1] == "2026-01-01T00:00:00"
+    assert argv[-1] == "--format=" + ",".join(SACCT_FIELDS)
+    assert "TRESUsageInAve" in SACCT_FIELDS and "AllocTRES" in SACCT_FIELDS
