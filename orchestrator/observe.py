@@ -12,7 +12,7 @@ built-in queue as on-prem dispatch read it, so the queue is read once per tick.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
@@ -21,26 +21,32 @@ from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
-from orchestrator.domain.snapshot import BudgetSpend, PrewarmRequest, Snapshot
+from orchestrator.domain.capacity import CapacityLearner
+from orchestrator.domain.snapshot import BudgetSpend, OfferingHealth, PrewarmRequest, Snapshot
 from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
 from orchestrator.store.queueread import QueueRead
 
 log = logging.getLogger(__name__)
+HEALTH_EVENTS = 20_000  # the latest node events the learned capacity reads (days of a busy pool)
 
 
 class Observer:
     """Builds snapshots; caches provider catalogues (they change rarely and may be slow)."""
 
     def __init__(self, store: Store, queue: QueueSource, providers: Mapping[str, Provider],
-                 overrides: tuple[Offering, ...] = (), policies: Iterable[Policy] = ()):
+                 overrides: tuple[Offering, ...] = (), policies: Iterable[Policy] = (),
+                 capacity_prior: Callable[[str], float] | None = None):
         self.store = store
         self.queue = queue
         self.providers = providers
         self.overrides = overrides  # refreshed prices (`burst catalog refresh`) win over bundled ones
         self.policies = tuple(policies)  # whose budgets' spend each snapshot carries
         self._catalogue: tuple[Offering, ...] | None = None
+        # Learned capacity (offering_health) is computed when a policy chooses by expected cost.
+        self.capacity_prior = capacity_prior or (lambda key: 0.0)
+        self.learns = any(p.spot.by_expected_cost for p in self.policies)
 
     def catalogue(self) -> tuple[Offering, ...]:
         if self._catalogue is None:
@@ -103,7 +109,36 @@ class Observer:
             prewarm=prewarm,
             budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
             burst_runs=runs(**shared) if runs is not None else (),
+            offering_health=self.offering_health(now) if self.learns else {},
         )
+
+    def offering_health(self, now: datetime) -> dict[str, OfferingHealth]:
+        """Each offering's preemption hazard and stockout odds, learned from the latest node
+        events (:class:`~orchestrator.domain.capacity.CapacityLearner`, decayed, on the published
+        prior): a launch that went through (-> launching) or failed for lack of capacity, and a
+        node's end after its launch (terminated, or failed: interrupted when the instance
+        vanished at the provider, the reconciler's record of a spot reclaim)."""
+        learner = CapacityLearner(self.capacity_prior)
+        nodes = {n.id: n for n in self.store.nodes(include_terminated=True)}
+        keys = {o.key for o in self.catalogue()}
+        keys.update(spec.key for p in self.policies for spec in p.offerings)
+        ended: set[str] = set()  # a node's first end counts (failed, then terminated: one end)
+        for event in self.store.events(limit=HEALTH_EVENTS):
+            node = nodes.get(event.node_id)
+            if node is None or event.node_id in ended:
+                continue
+            key, t = node.offering_key, event.at.timestamp() / 3600.0
+            keys.add(key)
+            if event.to_state is NodeState.LAUNCHING:
+                learner.launch(key, t, refused=False)
+            elif event.to_state is NodeState.FAILED and event.reason.startswith("capacity error"):
+                learner.launch(key, t, refused=True)
+            elif (event.to_state in (NodeState.TERMINATED, NodeState.FAILED)
+                  and event.from_state not in (None, NodeState.REQUESTED)):
+                ended.add(event.node_id)
+                learner.ran(key, (event.at - node.created_at).total_seconds() / 3600.0, t,
+                            interrupted=event.reason.startswith("instance vanished"))
+        return learner.snapshot(sorted(keys), now.timestamp() / 3600.0)
 
     def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:
         """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger

@@ -252,6 +252,15 @@ def sim_catalogue(policies: Iterable[Policy]) -> list:
     return sorted(rows.values(), key=lambda o: o.key)
 
 
+def capacity_prior():
+    """Offering key -> the published prior preemption hazard (the bundled Spot Advisor buckets;
+    :func:`orchestrator.domain.capacity.bucket_prior`)."""
+    from orchestrator.domain.capacity import bucket_prior
+    from providers import catalog
+
+    return bucket_prior(catalog.interruption_buckets())
+
+
 def catalogue_overrides(settings: Settings) -> tuple:
     path = settings.state_dir / CATALOG_OVERRIDES
     if not path.exists():
@@ -323,7 +332,8 @@ def build_runtime(
                         ExecutorConfig(controller_url=controller_url or settings.agent_url()))
     reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
     observer = Observer(store, queue_source(store, policy_map, queue), providers,
-                        catalogue_overrides(settings), policies=policy_map.values())
+                        catalogue_overrides(settings), policies=policy_map.values(),
+                        capacity_prior=capacity_prior())
     return Runtime(settings, store, policy_map, providers, queue, fabric, tokens, clock,
                    executor, reconciler, observer)
 

@@ -192,6 +192,16 @@ def _bundled(provider: str) -> tuple[tuple[Offering, str, str], ...]:
     return tuple(_parse_rows(resource.read_text(encoding="utf-8"), f"providers/data/{resource.name}"))
 
 
+@functools.cache
+def interruption_buckets() -> dict[tuple[str, str], int]:
+    """(region, instance type) -> the AWS Spot Advisor interruption bucket (0: <5 % .. 4: >20 %
+    of instances reclaimed over the trailing month), bundled in aws_spot_interruption.csv."""
+    text = resources.files("providers").joinpath("data", "aws_spot_interruption.csv").read_text(
+        encoding="utf-8")
+    return {(r["region"], r["instance_type"]): int(r["interruption_bucket"])
+            for r in csv.DictReader(io.StringIO(text))}
+
+
 def load_catalog(provider: str) -> list[Offering]:
     """Every bundled offering of ``provider`` (``"aws"`` or ``"gcp"``), read once and cached."""
     return [offering for offering, _, _ in _bundled(_check_provider(provider))]

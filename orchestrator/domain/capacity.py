@@ -19,6 +19,7 @@ full trace. The observer (production) and the simulator's controller build the s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestrator.domain.snapshot import OfferingHealth
@@ -28,6 +29,20 @@ from orchestrator.domain.snapshot import OfferingHealth
 # open-ended last one), as a constant hazard over a month of 720 h.
 BUCKET_SHARE = (0.025, 0.075, 0.125, 0.175, 0.25)
 MONTH_H = 720.0
+
+
+UNLISTED_BUCKET = 2  # a spot offering with no published bucket (GCP publishes none): the middle one
+
+
+def bucket_prior(buckets: dict[tuple[str, str], int]) -> Callable[[str], float]:
+    """Offering key -> the published prior hazard: a spot offering's bucket (by region and
+    instance type; unlisted: :data:`UNLISTED_BUCKET`), 0 for on-demand."""
+    def prior(key: str) -> float:
+        parts = key.split("/")
+        if len(parts) != 5 or parts[4] != "spot":
+            return 0.0
+        return bucket_hazard(buckets.get((parts[1], parts[3]), UNLISTED_BUCKET))
+    return prior
 
 
 def bucket_hazard(bucket: int) -> float:
@@ -69,12 +84,15 @@ class CapacityLearner:
     """Decayed per-offering counts on top of published priors (module docstring). Times are
     hours on any fixed origin (the caller's clock)."""
 
-    def __init__(self, priors: dict[str, float] | None = None, *, half_life_h: float = 24.0,
+    def __init__(self, priors: dict[str, float] | Callable[[str], float] | None = None, *,
+                 half_life_h: float = 24.0,
                  prior_hours: float = 24.0, prior_launches: float = 4.0,
                  prior_source: str = "published interruption bucket"):
         if half_life_h <= 0 or prior_hours <= 0 or prior_launches <= 0:
             raise ValueError("half_life_h, prior_hours and prior_launches must be > 0")
-        self.priors = dict(priors or {})
+        # offering key -> prior hazard (a mapping, or a function of the key)
+        self.prior_of: Callable[[str], float] = (
+            priors if callable(priors) else (lambda key, table=dict(priors or {}): table.get(key, 0.0)))
         self.half_life_h = half_life_h
         self.prior_hours = prior_hours
         self.prior_launches = prior_launches
@@ -102,10 +120,11 @@ class CapacityLearner:
             stats.interruptions.add(1.0, now_h, self.half_life_h)
 
     def health(self, key: str, now_h: float) -> OfferingHealth:
-        prior = self.priors.get(key, 0.0)
+        prior = self.prior_of(key)
         stats = self._stats.get(key)
         if stats is None:
-            return OfferingHealth(key, prior, 0.0, prior=self.prior_source if prior else "")
+            return OfferingHealth(key, _figures(prior), 0.0,
+                                  prior=self.prior_source if prior else "")
         h = self.half_life_h
         hours = stats.hours.at(now_h, h)
         launches = stats.launches.at(now_h, h)
@@ -119,6 +138,6 @@ class CapacityLearner:
         """Health of each of ``keys`` (those with no prior and no events are left out)."""
         out = {}
         for key in keys:
-            if key in self._stats or self.priors.get(key):
+            if key in self._stats or self.prior_of(key):
                 out[key] = self.health(key, now_h)
         return out

@@ -35,7 +35,7 @@ def test_the_shared_data_gives_every_spot_offering_a_seeded_market():
 def test_the_learner_moves_from_the_published_prior_to_what_it_sees_and_forgets():
     prior = bucket_hazard(4)
     learner = CapacityLearner({"k": prior}, half_life_h=24.0)
-    assert learner.health("k", 0.0).preemptions_per_hour == prior
+    assert learner.health("k", 0.0).preemptions_per_hour == float(f"{prior:.2g}")
     for hour in range(100):
         learner.ran("k", 1.0, float(hour), interrupted=hour % 2 == 0)
         learner.launch("k", float(hour), refused=hour % 4 == 0)
