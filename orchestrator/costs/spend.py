@@ -24,21 +24,30 @@ from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 from orchestrator.store.base import require_aware
+from orchestrator.store.ledger import AccrualNode
 
 _MICROS = Decimal(1_000_000)
 
 
 def spend(store: Store, *, since: datetime, until: datetime, now: datetime,
-          pool: str | None = None, project: str | None = None) -> Decimal:
+          pool: str | None = None, project: str | None = None,
+          accrual: list[AccrualNode] | None = None) -> Decimal:
     """USD of burst (not on-prem) cost lines whose bucket starts in [since, until), filtered by
     ``pool`` and ``project``, plus the live accrual of nodes the roll-up has not caught up with
-    (up to ``now``, inside the window). Exact to the micro-dollar."""
+    (up to ``now``, inside the window). Exact to the micro-dollar. ``accrual``: every node's
+    accrual as read once for several budgets (``store.ledger_accrual_nodes()``), filtered here;
+    default: read for this pool and project."""
     for name, moment in (("since", since), ("until", until), ("now", now)):
         require_aware(moment, name)
     if since >= until:
         raise ValueError(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
     total = store.ledger_cost_micros(since=since, until=until, pool=pool, project=project)
-    for node in store.ledger_accrual_nodes(pool=pool, project=project):
+    if accrual is None:
+        nodes = store.ledger_accrual_nodes(pool=pool, project=project)
+    else:
+        nodes = [n for n in accrual if (pool is None or n.pool == pool)
+                 and (project is None or n.project == project)]
+    for node in nodes:
         end = min(node.ended or now, now, until)
         start = max(node.covered_through or node.launched, since)
         if end <= start:
@@ -67,12 +76,15 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     the planner launch as if nothing had been spent.
     """
     out: dict[str, BudgetSpend] = {}
+    policies = list(policies)
+    # Read once for every budget (a read per budget scanned every node once per budget).
+    accrual = store.ledger_accrual_nodes() if any(p.budgets for p in policies) else []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
             spent = spend(store, since=start, until=end, now=now, pool=pool,
-                          project=budget.project)
+                          project=budget.project, accrual=accrual)
             burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
             out[budget_key(policy.name, budget.name)] = BudgetSpend(
                 spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)

@@ -115,6 +115,7 @@ class AccrualNode:
     launched: datetime
     ended: datetime | None
     covered_through: datetime | None
+    pool: str = ""
 
 
 def _line_values(line: CostLine) -> dict[str, Any]:
@@ -387,7 +388,7 @@ class Ledger(StoreBase):
                     covered[r.subject] = r.reach
         return [AccrualNode(n.node_id, n.project, n.price_usd_hour,
                             n.launched,  # type: ignore[arg-type]  # filtered above
-                            n.ended, covered.get(n.node_id)) for n in candidates]
+                            n.ended, covered.get(n.node_id), n.pool) for n in candidates]
 
     def live_node_prices(self, *, pool: str | None = None, project: str | None = None
                          ) -> list[float]:
