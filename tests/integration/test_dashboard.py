@@ -80,7 +80,10 @@ def test_pages_show_what_the_api_serves(seeded: Seeded) -> None:
         assert listed[0]["rule"] in one and "Offerings weighed" in one
         queue = ui.get("/ui/queue").text
         api_queue = seeded.client.get("/v1/queue", headers=admin).json()
-        assert all(j["id"] in queue for j in api_queue["jobs"])
+        for job in api_queue["jobs"]:
+            row = re.search(rf'<tr data-project="[^"]+" data-job="{job["id"]}">(.*?)</tr>',
+                            queue, re.S)
+            assert row and f'<td>{job["user"] or "-"}</td>' in row.group(1), job["id"]
         assert "What holds launches back" in queue
 
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.api.usage_metrics import node_flagged
+from orchestrator.api.usage_metrics import job_flagged, node_flagged
 from orchestrator.api.v1 import JobOut, NodeOut, iso
 from orchestrator.costs.budgets import BudgetStatus, budget_statuses
 from orchestrator.costs.report import CostQuery, CostReport, GroupKey, cost_report
@@ -106,7 +106,12 @@ def queue(rt: Runtime, token: ApiToken) -> QueueView:
     scope = scope_of(token)
     jobs = [j for j in rt.store.jobs(states=[JobState.PENDING, JobState.RUNNING])
             if scope is None or j.project in scope]
-    outs = [JobOut.of(j, now) for j in jobs]
+    # Measured GPU use of running jobs, as GET /v1/queue reports it.
+    uses = {u.job_id: u for u in rt.store.job_utilisation(
+        [j.id for j in jobs if j.state is JobState.RUNNING])}
+    policy_of = {n.id: n.policy for n in rt.store.nodes()} if uses else {}
+    outs = [JobOut.of(j, now, uses.get(j.id), j.state is JobState.RUNNING and job_flagged(
+        rt, uses.get(j.id), policy_of.get(j.node_id or ""), now)) for j in jobs]
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for job in outs:
         group = groups.setdefault((job.pool, job.project), {
