@@ -74,10 +74,13 @@ _READY = NodeState.READY
 _IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
 _GPUS = attrgetter("gpus")
 _PROJECT = attrgetter("project")
-_USER = attrgetter("user")
+_OWNER_WIDTH = attrgetter("project", "user", "gpus")
 # Owners (project, user) the decision record lists the unmet GPUs of: the largest first, the rest
 # counted, so a queue of thousands of users keeps the record small.
 MAX_OWNERS_IN_RECORD = 50
+# Unmet jobs (in scheduling order) whose owners the record counts: all of a queue this size, and
+# of a larger one those new nodes serve first, so a 100k-job queue costs the tick no full pass.
+MAX_OWNER_SCAN = 10_000
 
 
 def plan(snapshot: Snapshot, policies: Iterable[Policy], now: datetime) -> Plan:
@@ -540,11 +543,15 @@ def _projects(demand: Demand) -> str:
     return ", ".join(sorted(p if p is not None else NO_PROJECT_LABEL for p in names))
 
 
-def _owners(unmet: tuple[Job, ...]) -> tuple[list[dict[str, Any]], int]:
-    """The unmet GPUs and jobs per (project, user), the most GPUs first (then by name, a missing
-    project or user as null), at most :data:`MAX_OWNERS_IN_RECORD`; and how many were left out.
-    Counted in C: 100k jobs fall into a few hundred triples."""
-    triples = Counter(zip(map(_PROJECT, unmet), map(_USER, unmet), map(_GPUS, unmet)))
+def _owners(unmet: tuple[Job, ...]) -> tuple[list[dict[str, Any]], int, int]:
+    """Whose work is unmet: the GPUs and jobs per (project, user) of the first
+    :data:`MAX_OWNER_SCAN` unmet jobs in scheduling order (those new nodes serve first; every one
+    in a smaller queue), the most GPUs first (then by name, a missing project or user as null),
+    at most :data:`MAX_OWNERS_IN_RECORD` of them; how many more owners there were; and how many
+    jobs were counted. One C-level pass (attrgetter of the three fields): a full pass over 100k
+    jobs of thousands of owners would cost a tenth of the plan (docs/performance.md)."""
+    scanned = unmet if len(unmet) <= MAX_OWNER_SCAN else unmet[:MAX_OWNER_SCAN]
+    triples = Counter(map(_OWNER_WIDTH, scanned))
     gpus: dict[tuple[str | None, str | None], int] = {}
     jobs: dict[tuple[str | None, str | None], int] = {}
     for (project, user, width), count in triples.items():
@@ -554,7 +561,7 @@ def _owners(unmet: tuple[Job, ...]) -> tuple[list[dict[str, Any]], int]:
                                         k[1] or ""))
     rows = [{"project": k[0], "user": k[1], "gpus": gpus[k], "jobs": jobs[k]}
             for k in order[:MAX_OWNERS_IN_RECORD]]
-    return rows, max(len(order) - MAX_OWNERS_IN_RECORD, 0)
+    return rows, max(len(order) - MAX_OWNERS_IN_RECORD, 0), len(scanned)
 
 
 _SCALE_DOWN_IDLE = frozenset({ActionReason.IDLE, ActionReason.LOW_UTILISATION})
@@ -590,7 +597,7 @@ def _inputs(demand: Demand, fleet: Census, observed: bool, now: datetime, trigge
     if None in per_project:  # a JSON key cannot be null: the no-project bucket says so
         per_project = {NO_PROJECT_LABEL if k is None else k: v for k, v in per_project.items()}
     onprem_gpus = demand.absorbed_onprem_gpus()
-    owners, omitted = _owners(unmet)
+    owners, omitted, scanned = _owners(unmet)
     return {
         "queue_observed": observed,
         "pending_jobs": len(demand.ordered),
@@ -606,6 +613,7 @@ def _inputs(demand: Demand, fleet: Census, observed: bool, now: datetime, trigge
         # Whose work is unmet: project and user (null: a job of no project, or of no known user).
         "unmet_by_owner": owners,
         "unmet_owners_omitted": omitted,
+        "unmet_owner_jobs_counted": scanned,  # < len(unmet): the first ones in scheduling order
         "trigger": trigger_text,
         "trigger_held_s": round(held_for, 1),
         "nodes_by_state": dict(fleet.by_state),

@@ -129,6 +129,9 @@ def test_a_viewer_sees_its_projects_users_and_nobody_elses(
         empty = costs(client, people["viewer"], group_by="user", user=user)
         assert empty["rows"] == [] and empty["total"]["cost_usd"] == "0.00"
     assert costs(client, people["admin"], user="nobody")["rows"] == []
+    assert costs(client, people["admin"], project="nosuch", group_by="user")["rows"] == []
+    queue = client.get("/v1/queue", params={"user": "nobody"}, headers=bearer(people["admin"]))
+    assert queue.status_code == 200 and queue.json()["jobs"] == []
     refused = client.get("/v1/costs", params={**WINDOW, "user": "a b"},
                          headers=bearer(people["viewer"]))
     assert refused.status_code == 422 and "query.user" in refused.json()["detail"]

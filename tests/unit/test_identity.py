@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from orchestrator.domain.jobs import NO_PROJECT_LABEL, check_user
-from orchestrator.planner import MAX_OWNERS_IN_RECORD, plan
+from orchestrator.planner import MAX_OWNER_SCAN, MAX_OWNERS_IN_RECORD, _owners, plan
 from orchestrator.sources.slurm import job_project, job_user
 from tests.builders import T0, make_job, make_policy, make_snapshot
 
@@ -56,7 +56,7 @@ def test_decision_inputs_name_the_unmet_work_per_project_and_user() -> None:
         {"project": "research", "user": "bob", "gpus": 8, "jobs": 1},
         {"project": None, "user": "carol", "gpus": 8, "jobs": 1},
         {"project": None, "user": None, "gpus": 8, "jobs": 1}]
-    assert inputs["unmet_owners_omitted"] == 0
+    assert inputs["unmet_owners_omitted"] == 0 and inputs["unmet_owner_jobs_counted"] == 5
     # The record is JSON as it is stored and served: nulls stay nulls.
     assert json.loads(json.dumps(inputs))["unmet_by_owner"][3] == {
         "project": None, "user": None, "gpus": 8, "jobs": 1}
@@ -117,3 +117,12 @@ def test_a_snapshot_carries_jobs_of_no_project_and_their_users_and_names_a_bad_u
     bad = make_snapshot([make_job("b", user="x y")])
     with pytest.raises(SnapshotError, match=r"f\.json: queues\.\w+\.pending\.0\.user: "):
         load_snapshot_text(json.dumps(snapshot_to_json(bad)), "f.json")
+
+
+def test_a_long_queue_counts_the_owners_of_the_jobs_served_first() -> None:
+    first = [make_job(f"a{i}", gpus=2, user="ada") for i in range(MAX_OWNER_SCAN)]
+    rest = [make_job("z", gpus=8, user="zed")]
+    rows, omitted, counted = _owners(tuple(first + rest))
+    assert counted == MAX_OWNER_SCAN and omitted == 0
+    assert rows == [{"project": "research", "user": "ada", "gpus": 2 * MAX_OWNER_SCAN,
+                     "jobs": MAX_OWNER_SCAN}]
