@@ -348,6 +348,7 @@ def test_examples_cover_their_features() -> None:
     aws = examples["aws-spot-fallback"]
     assert {o.provider for o in aws.offerings} == {ProviderName.AWS}
     assert any(o.market is Market.SPOT and o.fallback_on_demand for o in aws.offerings)
+    assert aws.spot.by_expected_cost and aws.checkpoint_every_s("any") == 1800
     gcp = examples["gcp-a100"]
     assert {o.provider for o in gcp.offerings} == {ProviderName.GCP}
     assert all(o.instance_type.startswith("a2-highgpu-") for o in gcp.offerings)
