@@ -95,6 +95,19 @@ def write_snapshot(path: Path, world) -> None:
         fail(f"--save-snapshot {path}: cannot write: {exc.strerror}")
 
 
+def owners_text(owners: object) -> str:
+    """``unmet_by_owner`` as a line: ``research/ada 16 GPUs (2 jobs), (no project)/carol ...``,
+    the buckets of no project or user named as such (anything else as it is)."""
+    from orchestrator.domain.jobs import NO_PROJECT_LABEL, NO_USER_LABEL
+
+    if not isinstance(owners, list) or not all(isinstance(o, dict) for o in owners):
+        return str(owners)
+    if not owners:
+        return "-"
+    return ", ".join(f"{o.get('project') or NO_PROJECT_LABEL}/{o.get('user') or NO_USER_LABEL} "
+                     f"{o.get('gpus')} GPUs ({o.get('jobs')} jobs)" for o in owners)
+
+
 def render_plan(result: Plan) -> None:
     """The decision of each policy and the actions, every data string printed verbatim."""
     from rich.table import Table
@@ -109,7 +122,8 @@ def render_plan(result: Plan) -> None:
         out.print(Text.assemble(("why: ", "bold"), decision.summary), soft_wrap=True)
         inputs = Table(title="inputs", show_header=False, box=None)
         for key, value in decision.inputs.items():
-            inputs.add_row(Text(str(key)), Text(str(value)))
+            shown = owners_text(value) if key == "unmet_by_owner" else str(value)
+            inputs.add_row(Text(str(key)), Text(shown))
         out.print(inputs)
         if decision.options:
             out.print(optimizer_table(decision))

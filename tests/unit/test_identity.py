@@ -126,3 +126,13 @@ def test_a_long_queue_counts_the_owners_of_the_jobs_served_first() -> None:
     assert counted == MAX_OWNER_SCAN and omitted == 0
     assert rows == [{"project": "research", "user": "ada", "gpus": 2 * MAX_OWNER_SCAN,
                      "jobs": MAX_OWNER_SCAN}]
+
+
+def test_explain_shows_whose_work_is_unmet_on_one_line() -> None:
+    from orchestrator.cli.plan_cmd import owners_text
+
+    inputs = plan(make_snapshot(_jobs()), [make_policy()], T0).decisions[0].inputs
+    assert owners_text(inputs["unmet_by_owner"]) == (
+        "research/ada 16 GPUs (2 jobs), research/bob 8 GPUs (1 jobs), "
+        "(no project)/carol 8 GPUs (1 jobs), (no project)/(no user) 8 GPUs (1 jobs)")
+    assert owners_text([]) == "-" and owners_text("odd") == "odd"
