@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,7 @@ from typing import Any
 from orchestrator.domain.jobs import Job, JobState
 from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.policy.models import Policy, QueueSourceKind
+from orchestrator.policy.units import parse_duration
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.sources.slurm_cli import (
     FINISHED_JOB_STATES,
@@ -126,6 +128,27 @@ def job_user(job: dict[str, Any]) -> str | None:
     return str(user) if user else None
 
 
+CHECKPOINT_ANNOTATION = re.compile(r"(?:^|[\s,;])burst\.checkpoint_every=(\S+?)(?=$|[\s,;])")
+
+
+def job_checkpoint_s(job: dict[str, Any]) -> float | None:
+    """A job's own checkpoint interval, annotated in its Slurm comment as
+    ``burst.checkpoint_every=30m`` (``sbatch --comment``); None when it gives none or an
+    unreadable one (logged: the job then takes its project's or the policy's interval)."""
+    found = CHECKPOINT_ANNOTATION.search(str(job.get("comment") or ""))
+    if found is None:
+        return None
+    try:
+        seconds = parse_duration(found.group(1)).total_seconds()
+    except (ValueError, TypeError):
+        seconds = 0.0
+    if seconds <= 0:
+        log.warning("job %s: comment burst.checkpoint_every=%s is not a duration above 0s; "
+                    "ignored", job.get("job_id"), found.group(1))
+        return None
+    return seconds
+
+
 def job_gpus(job: dict[str, Any]) -> int:
     """GPUs a job asks for in all (per node x nodes, per job, or per task x tasks)."""
     per_node = gres_count(job.get("tres_per_node"))
@@ -185,7 +208,7 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
                 id=base_id if tasks == 1 else f"{base_id}_{index}",
                 project=project, pool=pool, gpus=gpus, submitted_at=submitted,
                 priority=int(job.get("priority") or 0), duration_s=duration,
-                state=JobState.PENDING, user=user))
+                state=JobState.PENDING, user=user, checkpoint_s=job_checkpoint_s(job)))
     return out
 
 

@@ -146,3 +146,18 @@ def test_job_gpus_of_each_request_form():
     assert job_gpus(by_id(21)) == 3
     assert job_gpus(by_id(20)) == 2
     assert job_gpus(by_id(17)) == 0
+
+
+def test_a_job_annotates_its_checkpoint_interval_in_its_comment():
+    from orchestrator.sources.slurm import job_checkpoint_s
+
+    assert job_checkpoint_s({"comment": "burst.checkpoint_every=30m"}) == 1800
+    assert job_checkpoint_s({"comment": "team x; burst.checkpoint_every=1h30m"}) == 5400
+    assert job_checkpoint_s({"comment": "nothing here"}) is None
+    assert job_checkpoint_s({}) is None
+    assert job_checkpoint_s({"job_id": 7, "comment": "burst.checkpoint_every=0s"}) is None
+    assert job_checkpoint_s({"job_id": 7, "comment": "burst.checkpoint_every=soon"}) is None
+    jobs = [dict(j, comment="burst.checkpoint_every=10m") for j in JOBS]
+    pending = pending_jobs(jobs, "gpu", None)
+    assert pending and all(j.checkpoint_s == 600 for j in pending)
+    assert all(j.checkpoint_s is None for j in pending_jobs(JOBS, "gpu", None))
