@@ -40,6 +40,8 @@ ROUTES: list[tuple[str, str, dict | None, set[str]]] = [
     ("GET", "/v1/decisions/d-1", None, {"admin"}),
     ("GET", "/v1/costs", None, {"admin", "viewer", "submitter"}),
     ("GET", "/v1/budgets", None, {"admin", "viewer", "submitter"}),
+    ("GET", "/v1/roi", None, {"admin", "viewer", "submitter"}),
+    ("GET", "/v1/usage", None, {"admin", "viewer", "submitter"}),
     ("GET", "/metrics", None, {"admin"}),
 ]
 PUBLIC = {"/healthz", "/readyz"}
