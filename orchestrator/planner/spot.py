@@ -1,8 +1,8 @@
 """Spot or on-demand, and which provider and region, per job by expected cost (``spot``).
 
-Pure maths over the snapshot's offering health (:class:`~orchestrator.domain.snapshot.OfferingHealth`:
-preemption hazard and stockout odds per offering, learned by the observer from node events). For a
-job of ``D`` seconds of work that checkpoints every ``c`` seconds (no checkpoint: ``c = D``) on an
+Pure maths over the snapshot's offering health
+(:class:`~orchestrator.domain.snapshot.OfferingHealth`: preemption hazard and stockout odds
+per offering, learned by the observer from node events). For a job of ``D`` seconds of work that checkpoints every ``c`` seconds (no checkpoint: ``c = D``) on an
 offering whose instances are interrupted at rate ``λ`` (per node; a job on ``n`` nodes at ``nλ``),
 each segment of ``x`` seconds of work takes, in expectation,
 
@@ -24,6 +24,7 @@ jobs has few.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from orchestrator.domain.snapshot import OfferingHealth
 from orchestrator.planner.offerings import DEFAULT_JOB_HOURS, Candidate
 from orchestrator.policy.models import Market, Policy
 
-STOCKOUT_RETRY_S = 180.0  # a capacity error excludes the offering this long (the executor's back-off)
+STOCKOUT_RETRY_S = 180.0  # a capacity error excludes an offering this long (executor's back-off)
 MAX_STOCKOUT_ODDS = 0.99  # odds past this are planned as this (the expected retries stay finite)
 RECORDED_CLASSES = 4  # job classes whose alternatives a decision records (the largest by GPU-hours)
 # Durations are priced on a geometric grid of this ratio (a class per 5 % of runtime): the ranking
@@ -42,6 +43,7 @@ DURATION_STEP = 1.05
 
 _MEMO: OrderedDict[tuple, tuple] = OrderedDict()  # (class, inputs) -> (ranking, prices)
 _MEMO_SIZE = 4096
+_MEMO_LOCK = threading.Lock()  # the API and the loop may plan in two threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,8 @@ class SpotChooser:
                          if c.offering.market is Market.ON_DEMAND]
             self.delay_rate = min(on_demand, default=max(
                 (c.offering.price_per_gpu_hour for c in candidates), default=0.0))
-        self._classes: dict[tuple, tuple[list[Candidate], tuple[JobPrice, ...], list]] = {}
+        # class -> (ranking, prices, their records), for this tick
+        self._classes: dict[tuple, tuple] = {}
         # Everything but the job class that a price depends on, by value: equal inputs on a later
         # tick reuse the ranking (health is carried to two significant figures, so it repeats).
         self._world = (tuple((c.key, c.offering.price_usd_hour, c.offering.gpus,
@@ -160,7 +163,8 @@ class SpotChooser:
         entry = self._classes.get(key)
         if entry is None:
             memo_key = (key, self._world)
-            entry = _MEMO.get(memo_key)
+            with _MEMO_LOCK:
+                entry = _MEMO.get(memo_key)
             if entry is None:
                 gpus, duration, checkpoint = key
                 prices = [price_job(gpus, duration, checkpoint, c, self.health.get(c.key),
@@ -168,26 +172,27 @@ class SpotChooser:
                           for c in self.candidates]
                 order = sorted(range(len(prices)),
                                key=lambda i: (prices[i].expected_cost_usd, prices[i].offering_key))
-                entry = ([self.candidates[i] for i in order], tuple(prices[i] for i in order),
-                         [])  # the records, made once when first asked for
-                _MEMO[memo_key] = entry
-                if len(_MEMO) > _MEMO_SIZE:
-                    _MEMO.popitem(last=False)
+                ranked = tuple(prices[i] for i in order)
+                entry = ([self.candidates[i] for i in order], ranked,
+                         tuple(p.as_record() for p in ranked))
+                with _MEMO_LOCK:
+                    _MEMO[memo_key] = entry
+                    if len(_MEMO) > _MEMO_SIZE:
+                        _MEMO.popitem(last=False)
             self._classes[key] = entry
         return entry[0]
 
     def record(self) -> list[dict]:
         """The job classes ranked this tick (the largest by GPU-hours first), each with every
         alternative's expected cost, the chosen one first: the decision's ``inputs.spot_choice``."""
-        largest = sorted(self._gpu_hours, key=lambda k: (-self._gpu_hours[k], k[0], k[1], k[2] or 0.0))[:RECORDED_CLASSES]
+        largest = sorted(self._gpu_hours, key=lambda k: (
+            -self._gpu_hours[k], k[0], k[1], k[2] or 0.0))[:RECORDED_CLASSES]
         out = []
         for key in largest:
             gpus, duration, checkpoint = key
             _, prices, records = self._classes[key]
-            if not records and prices:
-                records.extend(p.as_record() for p in prices)
             out.append({"gpus": gpus, "duration_s": duration, "checkpoint_s": checkpoint,
                         "gpu_hours": round(self._gpu_hours[key], 3),
                         "chosen": prices[0].offering_key if prices else None,
-                        "alternatives": list(records)})
+                        "alternatives": [dict(r) for r in records]})
         return out
