@@ -205,7 +205,7 @@ class Engine:
             # Slurm's backfill pass was held back by bf_interval: come back for it (the
             # dispatch after the event's instant runs it).
             self._backfill_at = due
-            self.push(due, BACKFILL, None)
+            self.push(max(due, now), BACKFILL, None)
         if started:
             self.last_change = now
             push = self.push

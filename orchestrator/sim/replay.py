@@ -72,7 +72,7 @@ class SimOptions:
     # ``slurm`` backfill's knobs (orchestrator.planner.backfill): bf_max_job_test, how many
     # blocked jobs a pass reserves for, and bf_interval.
     bf_max_job_test: int = 100
-    bf_reservations: int = 100
+    bf_reservations: int = 8  # (Slurm reserves for every job it tests: slower to replay)
     bf_interval_s: float = 30.0
     # The sim provider's knobs, by field name (providers/sim.py BootTime and SimRates); empty:
     # its defaults (boot median 200 s; no capacity errors, no interruptions).

@@ -138,6 +138,7 @@ class World:
         self.slurm = slurm or BackfillConfig()
         self.bf_interval_s = bf_interval_s
         self._order: list[tuple[tuple, int]] = []  # pending (key, index), sorted (slurm only)
+        self._widths: dict[int, int] = {}  # pending jobs by GPUs (slurm only)
         self._last_pass = -math.inf
         self._pass_version = -1  # the on-prem pool's version at the last pass
         self._pass_pending = -1
@@ -210,6 +211,7 @@ class World:
         entry = (job.key, job.attempt, job)
         if self.backfill is Backfill.SLURM:
             insort(self._order, (job.key, job.index))
+            self._widths[job.gpus] = self._widths.get(job.gpus, 0) + 1
         else:
             heapq.heappush(self._all.setdefault(job.gpus, []), entry)
         job.eligible = eligible
@@ -227,6 +229,7 @@ class World:
     def dispatch(self, now: float) -> list[SimJob]:
         """Start what fits: on-prem first, then on ready burst nodes. Returns the started jobs."""
         started: list[SimJob] = []
+        self.backfill_due_at = None  # (set again below if a pass is held back)
         if self.pending:
             if self.onprem.free_total:
                 if self.backfill is Backfill.EASY:
@@ -374,12 +377,12 @@ class World:
             self._start(job, alloc, "onprem", now)
             started.append(job)
         if (not order or not pool.free_total
-                or (self._pass_version == pool.version and self._pass_pending == len(order))):
-            return
+                or (self._pass_version == pool.version and self._pass_pending == len(order))
+                or not any(count and pool.fits(width) for width, count in self._widths.items())):
+            return  # (no pending job fits the free GPUs now: a pass could start nothing)
         if now - self._last_pass < self.bf_interval_s:
             self.backfill_due_at = self._last_pass + self.bf_interval_s
             return
-        self.backfill_due_at = None
         self._last_pass = now
         self.bf_passes += 1
         runs = self._node_runs
@@ -440,6 +443,7 @@ class World:
             order = self._order
             position = bisect_left(order, (job.key, job.index))
             del order[position]
+            self._widths[job.gpus] -= 1
         self._pending_tuple = None
         if where == "onprem":
             self.running_onprem += 1
