@@ -8,13 +8,21 @@ snapshots, run it on two commits, compare. Prints figures; not a test.
 Cases: the three ``bench_plan.py`` snapshots, 160 mixed ones (0 to 6,000 jobs, 0 to 400 burst
 nodes, ties in submit time, limits and quotas that bind or not, every sixth with ``wait_slo``),
 and 200 with ``wait_slo: 30m`` and jobs submitted in the last 15 minutes to 2 hours, so jobs are
-deferred to on-prem and kept waiting. The repr holds every action and the whole decision record,
+deferred to on-prem and kept waiting; with ``--large``, 8 random large ones (30k to 200k jobs, up
+to 10k nodes). ``--columns`` hands each queue to the planner as the
+:class:`~orchestrator.domain.pending.PendingColumns` a queue source builds from its rows: the
+plans must equal those of the tuple form.
+
+    python bench/plan_identity.py --large --out /tmp/after.json
+    python bench/plan_identity.py --large --columns --out /tmp/columns.json The repr holds every action and the whole decision record,
 dict order included.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -27,12 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_plan import NOW, make_policy, make_snapshot  # noqa: E402
 
 from orchestrator.domain import Job, Node, NodeState, OnPremState, PoolQueue, Snapshot  # noqa: E402
+from orchestrator.domain.pending import PendingColumns  # noqa: E402
 from orchestrator.domain.snapshot import OnPremRelease  # noqa: E402
 from orchestrator.planner import plan  # noqa: E402
 from orchestrator.policy import Market, load_policy_text  # noqa: E402
 
 
-def policy(offerings: int, *, projects: bool = True, wait: bool = False, max_nodes: int = 20000,
+def policy(offerings: int, *, projects: bool = True, wait: bool = False, max_nodes: int = 10000,
            quota: int = 4000, launches: int = 200, spend: float | None = None,
            prio: bool = True) -> object:
     specs = [{"provider": "sim", "region": "r", "zone": "z", "instance_type": f"t{i}",
@@ -104,7 +113,7 @@ def cases():
                                   levels=rng.choice([1, 3]),
                                   free_choices=rng.choice([(0, 0, 0, 1, 2), (0,), (8, 3, 0), (1,)]))
         yield policy(rng.choice([1, 4, 10]), projects=k % 4 != 0, wait=k % 6 == 1,
-                     max_nodes=rng.choice([5, 20000, 60]), quota=rng.choice([16, 4000]),
+                     max_nodes=rng.choice([5, 10000, 60]), quota=rng.choice([16, 4000]),
                      launches=rng.choice([3, 200]), spend=rng.choice([None, 50, 5000]),
                      prio=k % 7 != 0), snapshot
     rng = random.Random(11)
@@ -112,8 +121,36 @@ def cases():
         snapshot = fresh_snapshot(rng, rng.choice([1, 5, 50, 300, 2000]),
                                   rng.choice([900, 2400, 7200]))
         yield policy(rng.choice([1, 4, 10]), projects=k % 4 != 0, wait=True,
-                     max_nodes=rng.choice([5, 20000]), quota=rng.choice([16, 4000]),
+                     max_nodes=rng.choice([5, 10000]), quota=rng.choice([16, 4000]),
                      launches=rng.choice([3, 200]), prio=k % 3 != 0), snapshot
+
+
+def large_cases():
+    """Random large snapshots: 30k to 200k pending jobs, up to 10k burst nodes, ties in submit
+    time, one or three priority levels, with and without wait_slo (jobs fresh enough to defer)."""
+    rng = random.Random(17)
+    for k in range(8):
+        jobs = [30_000, 100_000, 200_000][k % 3]
+        if k % 2:
+            snapshot = fresh_snapshot(rng, jobs, rng.choice([2400, 7200, 86400]))
+        else:
+            snapshot = mixed_snapshot(rng, jobs, [0, 2000, 10_000][k % 3], ties=k % 4 == 0,
+                                      unique_ids=k != 4, levels=rng.choice([1, 3]),
+                                      free_choices=rng.choice([(0, 0, 0, 1, 2), (8, 3, 0)]))
+        yield policy(rng.choice([4, 10, 500]), projects=k != 2, wait=k % 3 != 2,
+                     max_nodes=rng.choice([60, 10000]), quota=rng.choice([16, 4000]),
+                     launches=rng.choice([3, 200]), prio=k != 6), snapshot
+
+
+def as_columns(snapshot: Snapshot) -> Snapshot:
+    """The snapshot with each pool's pending jobs as the columns a queue source builds from its
+    rows (``PendingColumns.from_rows``): the planner must decide the same on either form."""
+    queues = {}
+    for name, queue in snapshot.queues.items():
+        rows = [(j.id, j.project, j.gpus, j.priority, j.submitted_at, j.duration_s,
+                 j.checkpoint_s, j.user) for j in queue.pending]
+        queues[name] = dataclasses.replace(queue, pending=PendingColumns.from_rows(name, rows))
+    return dataclasses.replace(snapshot, queues=queues)
 
 
 def main() -> None:
@@ -121,9 +158,19 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--out", type=Path, help="write the plans' reprs to this JSON file")
     group.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--large", action="store_true",
+                        help="also the 8 random large snapshots (30k to 200k jobs; minutes)")
+    parser.add_argument("--columns", action="store_true",
+                        help="hand the planner each queue as PendingColumns built from rows")
     args = parser.parse_args()
     if args.out:
-        plans = [repr(plan(snapshot, [pol], NOW)) for pol, snapshot in cases()]
+        every = itertools.chain(cases(), large_cases() if args.large else ())
+        form = as_columns if args.columns else (lambda s: s)
+        plans = []
+        for number, (pol, snapshot) in enumerate(every):
+            plans.append(repr(plan(form(snapshot), [pol], NOW)))
+            if number % 100 == 99 or number >= 363:
+                print(f"  {number + 1} plans", file=sys.stderr, flush=True)
         args.out.write_text(json.dumps(plans))
         waiting = sum("deferred to on-prem" in p for p in plans)
         print(f"{len(plans)} plans written to {args.out} ({waiting} with jobs deferred to on-prem)")

@@ -42,12 +42,16 @@ class OnPremRelease:
 class PoolQueue:
     """The queue of one pool: pending jobs and on-prem capacity.
 
+    ``pending``: a tuple of jobs, or the :class:`~orchestrator.domain.pending.PendingColumns` a
+    queue source built straight from its query (a sequence of jobs too, making each Job only when
+    read); the planner reads the columns either way.
     ``onprem_releases``: the running on-prem jobs whose expected end is known (optional; empty
     when the source cannot tell, and then the wait-aware rule assumes no GPU frees up).
     """
 
     pool: str
     onprem: OnPremState
+    # (annotated as the tuple the JSON form is: a PendingColumns is a Sequence[Job] of it)
     pending: tuple[Job, ...] = ()
     running_onprem_jobs: int = 0
     running_burst_jobs: int = 0

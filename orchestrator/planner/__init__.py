@@ -18,10 +18,12 @@ and which limits and budgets held launches back.
 
 Speed (the simulator plans at every virtual minute; ``docs/performance.md``): the nodes are
 walked once per tick (:mod:`.census`); the policy's candidates, and what pricing no demand gives,
-come from a pure memo (:func:`.offerings.resolved`); so does the scheduling order of a pending
-tuple seen before (:func:`.demand.ordered`), and absorption tallies the unmet jobs from the queue's
-columns for the record and the pricing; the room under the pool limits is worked out only by the
-branches that may launch. None of it changes a decision: a tick that decides nothing
+come from a pure memo (:func:`.offerings.resolved`); the queue is read as columns
+(:class:`~orchestrator.domain.pending.PendingColumns`), ordered by one vectorised sort (memoized
+for a pending sequence seen before, :func:`.demand.ordered`), and absorption tallies the unmet jobs
+on the columns for the record and the pricing; the wait-aware split simulates only the unmet jobs
+not already past their deadline (:func:`_split`, one comparison over the column of submit times);
+the room under the pool limits is worked out only by the branches that may launch. None of it changes a decision: a tick that decides nothing
 records what it always recorded (``tests/unit/test_planner_speed.py``).
 """
 
@@ -29,11 +31,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from orchestrator.domain.jobs import NO_PROJECT_LABEL, Job
 from orchestrator.domain.nodes import Node, NodeState
@@ -48,11 +52,18 @@ from orchestrator.domain.plan import (
     Plan,
     Rule,
 )
+from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
-from orchestrator.planner.demand import Demand, absorb
+from orchestrator.planner.demand import (
+    Demand,
+    absorb,
+    first_projects,
+    gpus_by_project,
+    gpus_of,
+)
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
 from orchestrator.planner.spot import SpotChooser
@@ -144,7 +155,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     # stay queued).
     split: WaitSplit | None = None
     if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
-        split = split_unmet(demand.unmet, demand.onprem_absorbed, queue, policy, now)
+        split = _split(demand.unmet, demand.onprem_absorbed, queue, policy, now)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
     prewarm = snapshot.prewarm.get(pool)
@@ -209,7 +220,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     elif not demand.unmet:
         if demand.burst_absorbed:
             rule = Rule.COVERED
-            summary = (f"{sum(map(_GPUS, demand.burst_absorbed))} pending GPU(s) fit on burst "
+            summary = (f"{gpus_of(demand.burst_absorbed)} pending GPU(s) fit on burst "
                        "nodes already ready or booting")
         else:
             summary = ("nothing pending" if not demand.ordered
@@ -258,7 +269,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
         if MULTI_NODE in held_back:
             widest = max(c.offering.gpus for c in candidates)
-            wide = sum(1 for j in demand.unmet if j.gpus > widest)
+            wide = _wider_than(demand.unmet, widest)
             summary += (f"; {wide} job(s) wider than one burst node ({widest} GPUs) are not "
                         "launched for: a job runs on one burst node until multi-node placement "
                         "lands")
@@ -329,6 +340,38 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         actions=tuple(_describe(a) for a in actions),
     )
     return actions, decision, memory
+
+
+def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
+           policy: Policy, now: datetime) -> WaitSplit:
+    """:func:`.wait.split_unmet`, with the jobs already past their deadline taken out first on
+    the columns (one comparison over the view): the split makes them due without simulating
+    them, so it is handed only the others, and the due jobs are put back in scheduling order."""
+    slo = policy.trigger.wait_slo
+    if not isinstance(unmet, JobsView) or slo is None:
+        return split_unmet(tuple(unmet), onprem_absorbed, queue, policy, now)
+    cutoff = to_us(now - (slo - policy.trigger.expected_boot))
+    late = unmet.column("submitted_us") < cutoff
+    if late.all():
+        return WaitSplit(unmet, (), ())
+    early = unmet.where(~late)
+    split = split_unmet(tuple(early), onprem_absorbed, queue, policy, now)
+    due = late.copy()
+    if split.due:  # the early due jobs are a subsequence of ``early``: matched in one walk
+        positions = np.flatnonzero(~late).tolist()
+        picked, k = [], 0
+        for position, job in zip(positions, early):
+            if k < len(split.due) and job is split.due[k]:
+                picked.append(position)
+                k += 1
+        due[picked] = True
+    return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at)
+
+
+def _wider_than(jobs: Sequence[Job], widest: int) -> int:
+    if isinstance(jobs, JobsView):
+        return int((jobs.column("gpus") > widest).sum())
+    return sum(1 for j in jobs if j.gpus > widest)
 
 
 def _has_quotas(policy: Policy) -> bool:
@@ -538,7 +581,7 @@ def _projects(demand: Demand) -> str:
     if demand.unmet_by_project is not None:  # tallied already: its keys are the unmet projects
         names = set(demand.unmet_by_project)
     else:
-        names = {j.project for j in demand.unmet}
+        names = set(first_projects(demand.unmet))
     # A job of no project is named as such, never under a made-up project.
     return ", ".join(sorted(p if p is not None else NO_PROJECT_LABEL for p in names))
 
@@ -551,7 +594,10 @@ def _owners(unmet: tuple[Job, ...]) -> tuple[list[dict[str, Any]], int, int]:
     jobs were counted. One C-level pass (attrgetter of the three fields): a full pass over 100k
     jobs of thousands of owners would cost a tenth of the plan (docs/performance.md)."""
     scanned = unmet if len(unmet) <= MAX_OWNER_SCAN else unmet[:MAX_OWNER_SCAN]
-    triples = Counter(map(_OWNER_WIDTH, scanned))
+    if isinstance(scanned, JobsView):
+        triples = scanned.columns.owner_counts(scanned.indexes)
+    else:
+        triples = Counter(map(_OWNER_WIDTH, scanned))
     gpus: dict[tuple[str | None, str | None], int] = {}
     jobs: dict[tuple[str | None, str | None], int] = {}
     for (project, user, width), count in triples.items():
@@ -591,9 +637,7 @@ def _inputs(demand: Demand, fleet: Census, observed: bool, now: datetime, trigge
     if demand.unmet_by_project is not None:
         per_project = dict(demand.unmet_by_project)
     elif unmet:
-        pairs = Counter(zip(map(_PROJECT, unmet), map(_GPUS, unmet)))
-        for (project, gpus), count in pairs.items():
-            per_project[project] = per_project.get(project, 0) + gpus * count
+        per_project = gpus_by_project(unmet)
     if None in per_project:  # a JSON key cannot be null: the no-project bucket says so
         per_project = {NO_PROJECT_LABEL if k is None else k: v for k, v in per_project.items()}
     onprem_gpus = demand.absorbed_onprem_gpus()

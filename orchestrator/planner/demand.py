@@ -11,9 +11,13 @@ dispatcher places (:mod:`orchestrator.sources.builtin`), so a burst node counts 
 only if the job could really be started on it. The fitting is first-fit over bins of free GPUs, which is what the built-in
 queue's dispatcher and Slurm's backfill roughly do; it is an estimate for planning, not a schedule.
 
-Speed (100k pending jobs): the scheduling order is worked out on positions into the pending tuple
-and memoized on its identity (:func:`ordered`); once nothing is free anywhere, the rest of the
-order is unmet and is tallied from the queue's columns (:meth:`Ordered.tail`), not job by job.
+Speed (100k pending jobs): the queue is read as columns
+(:class:`~orchestrator.domain.pending.PendingColumns`: what a queue source builds from its query,
+or built once from a tuple of jobs); the scheduling order is one ``numpy.lexsort`` of them,
+memoized on the identity of the pending sequence (:func:`ordered`); once nothing is free
+anywhere, the rest of the order is unmet and is tallied on the columns (:meth:`Ordered.tail`),
+not job by job. The ordered, unmet and burst-absorbed jobs are
+:class:`~orchestrator.domain.pending.JobsView` s: positions, each Job made only when read.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import accumulate
-from operator import attrgetter, getitem, itemgetter
+from operator import attrgetter
+
+import numpy as np
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
+from orchestrator.domain.pending import JobsView, PendingColumns, columns_of
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.offerings import expected_hours
@@ -197,7 +203,7 @@ class Demand:
 
     def without_tallies(self, unmet: tuple[Job, ...]) -> Demand:
         """The same demand with another ``unmet`` (the wait-aware split's), its tallies dropped."""
-        return dataclasses.replace(self, unmet=unmet, unmet_gpus=sum(map(_gpus, unmet)),
+        return dataclasses.replace(self, unmet=unmet, unmet_gpus=gpus_of(unmet),
                                    unmet_by_project=None, unmet_widths=None, unmet_hours=None)
 
     def narrowed(self, unmet: tuple[Job, ...], removed: tuple[Job, ...]) -> Demand:
@@ -217,52 +223,41 @@ class Demand:
         if any(gpus <= 0 for gpus in left.values()):
             return self.without_tallies(unmet)
         order: dict[str, int] = {}  # projects in the order of their first job still unmet
-        for project in map(_project, unmet):
-            if project not in order:
-                order[project] = left[project]
-                if len(order) == len(left):
-                    break
+        for project in first_projects(unmet, len(left)):
+            order[project] = left[project]
         return dataclasses.replace(self, unmet=unmet, unmet_gpus=sum(order.values()),
                                    unmet_by_project=order, unmet_widths=+kept,
-                                   unmet_hours=expected_hours(list(map(_duration, unmet))))
+                                   unmet_hours=unmet_hours(unmet))
 
 
-def scheduling_order(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> list[Job]:
+def scheduling_order(jobs: Sequence[Job], policy: Policy) -> list[Job]:
     """Higher project priority first, then higher job priority, then oldest, then id."""
     return list(ordered(jobs, policy).jobs)
 
 
 class Ordered:
-    """A queue's pending jobs in scheduling order, with the per-job columns absorption reads.
+    """A queue's pending jobs in scheduling order, as positions into its columns.
 
-    The order is worked out on positions into the queue's tuple, reading each job's attributes
-    once, in the queue's own order: at 100k jobs a pass over the jobs in scheduling order (spread
-    over memory) cost several times a pass in queue order. What the record tallies of the jobs
-    after a position (:meth:`tail`) is read from the columns.
+    The order is one ``numpy.lexsort`` of the columns (:func:`_arrange`); ``jobs`` is a view
+    that makes a Job only for a position read one by one (the jobs absorption places). What the
+    record tallies of the jobs after a position (:meth:`tail`) is counted on the columns.
     """
 
-    __slots__ = ("_durations", "_gpus", "_order", "_pairs", "_projects", "_starts", "_submitted",
-                 "_tails", "jobs", "pending_gpus", "queue")
+    __slots__ = ("_starts", "_tails", "columns", "jobs", "order", "pending_gpus", "queue")
 
-    def __init__(self, queue: tuple[Job, ...] | list[Job], order: list[int], submitted: list,
-                 gpus: list[int], projects: list[str] | None, starts: list[int]):
-        self.queue = queue
-        self._order = order  # positions in ``queue``, in scheduling order
-        # itemgetter fetches them all in one C call (a map of __getitem__ cost 3x as much)
-        self.jobs: tuple[Job, ...] = (itemgetter(*order)(queue) if len(order) > 1
-                                      else tuple(queue[i] for i in order))
+    def __init__(self, queue: Sequence[Job], columns: PendingColumns, order: np.ndarray,
+                 starts: list[int]):
+        self.queue = queue  # the pending sequence as the snapshot holds it (the memo's key)
+        self.columns = columns
+        self.order = order  # positions in ``columns``, in scheduling order
+        self.jobs = JobsView(columns, order)
         self._starts = starts  # where each (project priority, job priority) class begins
-        self._submitted = submitted  # columns in queue order
-        self._gpus = gpus
-        self._projects = projects
-        self._durations: list[float | None] | None = None
-        self._pairs: Counter[tuple[str, int]] | None = None
         self._tails: dict[int, Tail] = {}
-        self.pending_gpus = sum(gpus)
+        self.pending_gpus = int(columns.gpus.sum())
 
     def gpus_in_order(self) -> Iterator[int]:
         """Each job's GPUs, in scheduling order."""
-        return map(self._gpus.__getitem__, self._order)
+        return iter(self.columns.gpus[self.order].tolist())
 
     def tail(self, start: int) -> Tail:
         """What the record reads of the jobs from position ``start`` on (kept per ``start``)."""
@@ -274,35 +269,25 @@ class Ordered:
         return tail
 
     def _tail(self, start: int) -> Tail:
-        if self._projects is None:
-            self._projects = list(map(_project, self.queue))
-        if self._durations is None:
-            self._durations = list(map(_duration, self.queue))
-        projects, gpus, order = self._projects, self._gpus, self._order
-        rest = order[start:]
-        if start < len(order) // 2:
-            # The whole queue's (project, width) tally, less the head's (counted in C, queue
-            # order; integer counts, so the difference is exact).
-            if self._pairs is None:
-                self._pairs = Counter(zip(projects, gpus))
-            head = order[:start]
-            pairs = self._pairs - Counter(zip(map(projects.__getitem__, head),
-                                              map(gpus.__getitem__, head)))
-        else:
-            pairs = Counter(zip(map(projects.__getitem__, rest), map(gpus.__getitem__, rest)))
+        columns = self.columns
+        rest = self.order[start:]
+        codes = columns.project[rest]
+        gpus = columns.gpus[rest]
+        # (project, width) pairs counted as one integer key each.
+        span = int(gpus.max()) + 1 if len(gpus) else 1
+        keys, counts = np.unique(codes * span + gpus, return_counts=True)
+        names = columns.projects
+        pairs = Counter({(names[k // span], k % span): c
+                         for k, c in zip(keys.tolist(), counts.tolist())})
         # Projects in the order of their first job in the tail (the record keeps that order).
-        wanted = len({project for project, _ in pairs})
-        first: dict[str, None] = {}
-        for project in map(projects.__getitem__, rest):
-            if project not in first:
-                first[project] = None
-                if len(first) == wanted:
-                    break
-        # Each class is in age order: the tail's first earliest job heads one of its classes.
-        heads = [start] + [b for b in self._starts if b > start]
-        oldest = min(map(self._submitted.__getitem__, map(order.__getitem__, heads)))
-        known = list(filter(None, map(self._durations.__getitem__, rest)))
-        return Tail(pairs, tuple(first), oldest, known)
+        present, first = np.unique(codes, return_index=True)
+        projects = tuple(names[c] for c in present[np.argsort(first, kind="stable")].tolist())
+        oldest = None
+        if len(rest):  # the first earliest job of the tail (its own datetime)
+            oldest = columns.job(int(rest[int(np.argmin(columns.submitted_us[rest]))])).submitted_at
+        durations = columns.duration_s[rest]
+        known = durations[~np.isnan(durations) & (durations != 0)]
+        return Tail(pairs, projects, oldest, known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +297,7 @@ class Tail:
     pairs: Counter[tuple[str, int]]  # (project, GPUs) -> jobs
     projects: tuple[str, ...]  # in order of their first job
     oldest: datetime | None  # the first earliest submit time
-    known_durations: list[float]  # the truthy durations, in order
+    known_durations: np.ndarray  # the truthy durations, in order
 
 
 _ORDER_MEMO: OrderedDict[tuple, Ordered] = OrderedDict()
@@ -320,17 +305,17 @@ _ORDER_MEMO_SIZE = 4
 _ORDER_MEMO_LOCK = threading.Lock()  # the API and the loop may plan in two threads
 
 
-def ordered(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> Ordered:
+def ordered(jobs: Sequence[Job], policy: Policy) -> Ordered:
     """The jobs in scheduling order; see :func:`scheduling_order`.
 
-    A pure memo keyed on the identity of the pending tuple (immutable, of frozen jobs; the entry
-    keeps it alive, so its id is not reused while cached) and on the value of the project
-    priorities: the simulator hands the same tuple for as long as its queue does not change, and
-    the order of a 100k queue is the planner's largest cost. A list is never memoized.
+    A pure memo keyed on the identity of the pending sequence (a tuple of frozen jobs, or the
+    columns a queue source built; the entry keeps it alive, so its id is not reused while cached)
+    and on the value of the project priorities: the simulator hands the same tuple for as long as
+    its queue does not change. A list is never memoized.
     """
     projects = policy.projects
     default = policy.default_project_priority
-    if type(jobs) is not tuple:
+    if type(jobs) is not tuple and not isinstance(jobs, PendingColumns):
         return _arrange(jobs, {p.name: p.priority for p in projects}, default)
     key = (id(jobs), tuple((p.name, p.priority) for p in projects), default)
     with _ORDER_MEMO_LOCK:
@@ -346,46 +331,35 @@ def ordered(jobs: tuple[Job, ...] | list[Job], policy: Policy) -> Ordered:
     return entry
 
 
-def _arrange(jobs: tuple[Job, ...] | list[Job], priorities: dict[str, int], default: int
-             ) -> Ordered:
-    """Sort positions by age, then stably by (project priority, job priority), highest first."""
-    n = len(jobs)
-    submitted = list(map(_submitted, jobs))
-    # Sorted by id, then stably by submit time, is the (submitted_at, id) order with one-attribute
-    # keys (a tuple key compares each pair of times twice); without equal submit times the id
-    # sort is not needed (and a queue already in submit order then sorts in linear time).
-    if len(set(submitted)) == n:
-        order = sorted(range(n), key=submitted.__getitem__)
-    else:
-        ids = list(map(_id, jobs))
-        order = sorted(range(n), key=ids.__getitem__)
-        order.sort(key=submitted.__getitem__)
-    priority = list(map(_priority, jobs))
-    projects = None
+def _arrange(jobs: Sequence[Job], priorities: dict[str, int], default: int) -> Ordered:
+    """One lexsort of the columns: (project priority, job priority) highest first, then submit
+    time, then id (read only when two jobs share a submit time), then queue position."""
+    columns = columns_of(jobs)
+    n = len(columns)
+    submitted = columns.submitted_us
+    keys: list[np.ndarray] = [submitted]
+    if n > 1 and len(np.unique(submitted)) < n:
+        # Ties in submit time go by id (code point order, as str comparison), then position.
+        ids = np.array(columns.ids)
+        rank = np.empty(n, dtype=np.int64)
+        rank[np.argsort(ids, kind="stable")] = np.arange(n)
+        keys.insert(0, rank)
     starts = [0]
-    if priorities or default or any(priority):
-        # Each job's (project priority, job priority) class as its rank among all such classes
-        # (highest first), looked up in C; a stable sort by rank is the stable split into classes.
-        projects = list(map(_project, jobs))
-        levels = set(priority)
-        table = {project: {level: (priorities.get(project, default), level) for level in levels}
-                 for project in set(projects)}
-        classes = sorted({c for row in table.values() for c in row.values()}, reverse=True)
-        if len(classes) > 1:
-            rank = {c: i for i, c in enumerate(classes)}
-            for row in table.values():
-                for level, c in row.items():
-                    row[level] = rank[c]
-            ranks = list(map(getitem, map(table.__getitem__, projects), priority))
-            order.sort(key=ranks.__getitem__)
-            sizes = Counter(ranks)
-            starts = list(accumulate((sizes[r] for r in sorted(sizes)), initial=0))[:-1]
-    return Ordered(jobs, order, submitted, list(map(_gpus, jobs)), projects, starts)
-
-
-_id = attrgetter("id")
-_project = attrgetter("project")
-_duration = attrgetter("duration_s")
+    classed = False
+    if n and (priorities or default or columns.priority.any()):
+        project_priority = np.array([priorities.get(p, default) for p in columns.projects],
+                                    dtype=np.int64)[columns.project]
+        level = columns.priority
+        if (project_priority.min() != project_priority.max()
+                or level.min() != level.max()):
+            keys += [-level, -project_priority]
+            classed = True
+    order = np.lexsort(keys) if n else np.empty(0, dtype=np.int64)
+    if classed:
+        ranked_p, ranked_l = project_priority[order], level[order]
+        change = (ranked_p[1:] != ranked_p[:-1]) | (ranked_l[1:] != ranked_l[:-1])
+        starts += (np.flatnonzero(change) + 1).tolist()
+    return Ordered(jobs, columns, order, starts)
 
 
 def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
@@ -399,7 +373,8 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     if queue is None or not queue.pending:
         return Demand((), (), (), (), frozenset())
     order = ordered(queue.pending, policy)
-    jobs = order.jobs
+    columns = order.columns
+    job_at = columns.job
     onprem_free = list(queue.onprem.free_per_node) or (
         [queue.onprem.free_gpus] if queue.onprem.free_gpus else []
     )
@@ -412,73 +387,140 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     burst = Bins(census.burst_free, census.burst_owners, node_size=census.burst_node_size)
 
     onprem_absorbed: list[Job] = []
-    burst_absorbed: list[Job] = []
-    unmet: list[Job] = []
+    burst_rows: list[int] = []
+    unmet_rows: list[int] = []
     onprem_gpus = burst_gpus = 0
     busy: set[str] = set()
     owners = burst.owners
     burst_size = burst.node_size
     onprem_place, burst_place = onprem.place, burst.place
-    stop = len(jobs)  # from here on nothing is free anywhere: the rest is all unmet
-    for index, gpus in enumerate(order.gpus_in_order()):
-        if not onprem.total and not burst.total:
-            stop = index
-            break
-        if onprem.total and onprem_place(gpus) is not None:
-            onprem_absorbed.append(jobs[index])
-            onprem_gpus += gpus
-            continue
-        # Burst nodes take a job only on one node (the built-in queue's dispatcher places no job
-        # across nodes): a wider job is never absorbed there, so no node counts as covering it.
-        used = None
-        if burst.total and gpus <= burst_size:
-            if admit is None:
-                used = burst_place(gpus)
-            else:
-                job = jobs[index]
-                used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
-        if used is not None:
-            burst_absorbed.append(jobs[index])
-            burst_gpus += gpus
-            for i in used:
-                if owners[i] is not None:
-                    busy.add(owners[i])
-            continue
-        unmet.append(jobs[index])
+    rows = order.order
+    stop = len(rows)  # from here on nothing is free anywhere: the rest is all unmet
+    if onprem.total or burst.total:
+        rows_list = rows.tolist()
+        for index, gpus in enumerate(order.gpus_in_order()):
+            if not onprem.total and not burst.total:
+                stop = index
+                break
+            if onprem.total and onprem_place(gpus) is not None:
+                onprem_absorbed.append(job_at(rows_list[index]))
+                onprem_gpus += gpus
+                continue
+            # Burst nodes take a job only on one node (the built-in queue's dispatcher places no
+            # job across nodes): a wider job is never absorbed there, so no node counts as
+            # covering it.
+            used = None
+            if burst.total and gpus <= burst_size:
+                if admit is None:
+                    used = burst_place(gpus)
+                else:
+                    job = job_at(rows_list[index])
+                    used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
+            if used is not None:
+                burst_rows.append(rows_list[index])
+                burst_gpus += gpus
+                for i in used:
+                    if owners[i] is not None:
+                        busy.add(owners[i])
+                continue
+            unmet_rows.append(rows_list[index])
+    else:
+        stop = 0
     # The unmet jobs: those that fitted nowhere before ``stop``, then all from ``stop`` on,
-    # tallied by (project, width) from the columns (the jobs before ``stop``: read directly).
+    # tallied by (project, width) on the columns (the jobs before ``stop``: read directly).
+    unmet = columns.jobs(unmet_rows)
+    burst_absorbed = columns.jobs(burst_rows)
     pairs = Counter(zip(map(_project, unmet), map(_gpus, unmet)))
-    durations = list(map(_duration, unmet))
+    durations = np.array(list(filter(None, map(_duration, unmet))), dtype=np.float64)
     oldest = min(map(_submitted, burst_absorbed), default=None)
     head_oldest = min(map(_submitted, unmet), default=None)
     if head_oldest is not None and (oldest is None or head_oldest < oldest):
         oldest = head_oldest
     projects = dict.fromkeys(project for project, _ in pairs)
-    if stop < len(jobs):
+    unmet_index = np.array(unmet_rows, dtype=np.int64)
+    if stop < len(rows):
         tail = order.tail(stop)
         pairs.update(tail.pairs)
         for project in tail.projects:
             projects.setdefault(project)
-        durations.extend(tail.known_durations)
+        durations = np.concatenate([durations, tail.known_durations])
         if tail.oldest is not None and (oldest is None or tail.oldest < oldest):
             oldest = tail.oldest
-        unmet_jobs = tuple(unmet) + jobs[stop:]
-    else:
-        unmet_jobs = tuple(unmet)
+        unmet_index = np.concatenate([unmet_index, rows[stop:]])
+    unmet_jobs = JobsView(columns, unmet_index)
     by_project = dict.fromkeys(projects, 0)
     widths: Counter[int] = Counter()
     for (project, gpus), count in pairs.items():
         by_project[project] += gpus * count
         widths[gpus] += count
-    burst_jobs = tuple(burst_absorbed)
+    burst_jobs = JobsView(columns, np.array(burst_rows, dtype=np.int64))
     if admit is not None:
         # An unmet job was refused by (or does not fit) every node already there: scale-up packs
         # it onto this tick's new nodes only.
         burst = Bins([], node_size=burst.node_size)
-    return Demand(jobs, tuple(onprem_absorbed), burst_jobs, unmet_jobs,
+    return Demand(order.jobs, tuple(onprem_absorbed), burst_jobs, unmet_jobs,
                   frozenset(busy), burst_jobs + unmet_jobs, order.pending_gpus,
                   sum(by_project.values()), oldest, burst, onprem_gpus, burst_gpus,
-                  by_project, widths, expected_hours(durations))
+                  by_project, widths, _mean_hours(durations))
+
+
+def _mean_hours(known: np.ndarray) -> float:
+    """:func:`~.offerings.expected_hours` of truthy durations held in an array: the sum taken in
+    order (``cumsum`` adds one by one, as ``sum`` does, so the figure is the same to the bit)."""
+    if not len(known):
+        return expected_hours([])
+    return float(np.cumsum(known)[-1]) / len(known) / 3600.0
+
+
+def unmet_hours(jobs: Sequence[Job]) -> float:
+    """:func:`~.offerings.expected_hours` of ``jobs``, read from the columns of a view."""
+    if isinstance(jobs, JobsView):
+        durations = jobs.column("duration_s")
+        return _mean_hours(durations[~np.isnan(durations) & (durations != 0)])
+    return expected_hours(list(map(_duration, jobs)))
+
+
+def first_projects(jobs: Sequence[Job], wanted: int | None = None) -> list[str]:
+    """The projects of ``jobs`` in the order of their first job (reading no further than the
+    first ``wanted`` distinct ones; from the columns of a view)."""
+    if isinstance(jobs, JobsView):
+        codes = jobs.column("project")
+        present, first = np.unique(codes, return_index=True)
+        names = jobs.columns.projects
+        found = [names[c] for c in present[np.argsort(first, kind="stable")].tolist()]
+        return found if wanted is None else found[:wanted]
+    seen: dict[str, None] = {}
+    for project in map(_project, jobs):
+        if project not in seen:
+            seen[project] = None
+            if len(seen) == wanted:
+                break
+    return list(seen)
+
+
+def gpus_by_project(jobs: Sequence[Job]) -> dict[str, int]:
+    """GPUs of ``jobs`` per project, projects in the order of their first job."""
+    if isinstance(jobs, JobsView):
+        codes, gpus = jobs.column("project"), jobs.column("gpus")
+        totals = np.bincount(codes, weights=gpus, minlength=len(jobs.columns.projects))
+        return {p: int(totals[jobs.columns.projects.index(p)]) for p in first_projects(jobs)}
+    per_project: dict[str, int] = {}
+    pairs = Counter(zip(map(_project, jobs), map(_gpus, jobs)))
+    for (project, width), count in pairs.items():
+        per_project[project] = per_project.get(project, 0) + width * count
+    return per_project
+
+
+def gpus_of(jobs: Sequence[Job]) -> int:
+    """Total GPUs of ``jobs`` (one sum over the column of a view)."""
+    if isinstance(jobs, JobsView):
+        return int(jobs.column("gpus").sum())
+    return sum(map(_gpus, jobs))
+
+
+_id = attrgetter("id")
+_project = attrgetter("project")
+_duration = attrgetter("duration_s")
 
 
 _gpus = attrgetter("gpus")

@@ -217,8 +217,11 @@ def price_options(unmet: tuple[Job, ...], candidates: list[Candidate],
     if hours is None:
         hours = expected_hours(list(map(_DURATION, unmet)))
     options = []
+    nodes: dict[int, int] = {}  # node size -> nodes needed: 500 offerings come in a few sizes
     for c in candidates:
-        n = nodes_needed(widths, c.offering.gpus)
+        n = nodes.get(c.offering.gpus)
+        if n is None:
+            n = nodes[c.offering.gpus] = nodes_needed(widths, c.offering.gpus)
         options.append(OfferingOption(c.key, c.offering.gpus, c.offering.price_usd_hour,
                                       n, round(expected_cost(c.offering, n, hours), 4)))
     options.sort(key=lambda o: (o.expected_cost_usd, o.nodes, o.offering_key))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from decimal import Decimal
 from operator import attrgetter
@@ -233,7 +233,8 @@ class _Pass:
     def run(self, unmet: tuple[Job, ...], fair: bool, stop_if_pool_limited: bool = False,
             rank_for: Callable[[Job], list[Candidate]] | None = None) -> None:
         if rank_for is None:
-            self._run(list(unmet), self.ranked, fair, stop_if_pool_limited)
+            # read lazily: a bound pool stops after a few of up to 100k jobs
+            self._run(unmet, self.ranked, fair, stop_if_pool_limited)
             return
         groups: dict[tuple[str, ...], tuple[list[Candidate], list[Job]]] = {}
         for job in unmet:
@@ -243,7 +244,7 @@ class _Pass:
             if not self._run(jobs, ranking, fair, stop_if_pool_limited):
                 return
 
-    def _run(self, left: list[Job], ranked: list[Candidate], fair: bool,
+    def _run(self, left: Sequence[Job], ranked: list[Candidate], fair: bool,
              stop_if_pool_limited: bool) -> bool:
         """Grant nodes for ``left`` from ``ranked``; False when the pass is over (settled, or to
         be thrown away for the fair one)."""

@@ -1,0 +1,353 @@
+"""The pending queue of one pool as columns: what the planner reads of 100k jobs without 100k
+objects.
+
+A queue source builds :class:`PendingColumns` once per tick, straight from its query result
+(:meth:`PendingColumns.from_rows`: one tuple per row, in the order of :data:`ROW_FIELDS`), or from
+jobs it already holds (:meth:`PendingColumns.from_jobs`: the simulator, a snapshot file). The
+planner's scheduling order, unmet tallies, wait-aware split and pricing are vectorised sorts and
+counts over these arrays; a :class:`~orchestrator.domain.jobs.Job` is made only for a job some
+step reads one by one (the few that are placed, deferred or granted a node), through
+:meth:`PendingColumns.job`. The columns are also a read-only sequence of jobs (``len``,
+indexing, iteration), so ``PoolQueue(pending=columns)`` serves every reader of ``pending``.
+
+numpy, not the standard ``array`` module: numpy is a core dependency already (the simulator's
+schedule, matplotlib's own), and what the planner needs of the columns is ``lexsort``,
+``bincount``, ``cumsum``, ``searchsorted`` and boolean masks, each one C call over the queue;
+``array`` stores the columns as compactly but every operation on it is a Python loop, which is
+the per-job cost this type exists to remove (``docs/performance.md``).
+
+Encodings: ``submitted_us`` is microseconds since the Unix epoch, UTC (a ``datetime`` has
+microsecond resolution, so the order of the integers is the order of the times, ties included);
+``duration_s`` is NaN for an unknown duration; ``project`` holds codes into ``projects`` (the
+distinct names, in order of first appearance). Arrays are read-only: the columns are a value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, overload
+
+import numpy as np
+
+from orchestrator.domain.jobs import Job
+
+__all__ = ["ROW_FIELDS", "JobsView", "PendingColumns", "columns_of"]
+
+# The fields of one row for :meth:`PendingColumns.from_rows`, in order, unless the caller names
+# its own (``fields=``: a query's column names, extra ones ignored; missing ones take defaults).
+ROW_FIELDS = ("id", "project", "gpus", "priority", "submitted_at", "duration_s", "checkpoint_s",
+              "user")
+_DEFAULTS: dict[str, Any] = {"priority": 0, "duration_s": None, "checkpoint_s": None,
+                             "user": None}
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_US = timedelta(microseconds=1)
+
+
+def to_us(moment: datetime) -> int:
+    """Microseconds since the epoch of a datetime (a naive one is taken as UTC)."""
+    return (moment - (_EPOCH if moment.tzinfo is not None else _EPOCH_NAIVE)) // _US
+
+
+def from_us(us: int) -> datetime:
+    """The UTC datetime of :func:`to_us`'s integer."""
+    return _EPOCH + timedelta(microseconds=int(us))
+
+
+def _micros(moments: Sequence[Any]) -> np.ndarray:
+    """Microseconds since the epoch of datetimes (naive: UTC) or of integers (taken as µs).
+
+    ``timestamp()`` is C-level; its float is within a quarter microsecond of the exact value for
+    any date of this millennium, so rounding restores the integer exactly."""
+    first = moments[0]
+    if not isinstance(first, datetime):
+        return np.asarray(moments, dtype=np.int64)
+    naive = [m.tzinfo is None for m in moments]
+    if not any(naive):
+        seconds = map(datetime.timestamp, moments)
+    elif all(naive):  # the naive epoch subtracted (timestamp() would read them as local time)
+        seconds = map(timedelta.total_seconds, map(_EPOCH_NAIVE.__rsub__, moments))
+    else:
+        return np.fromiter(map(to_us, moments), dtype=np.int64, count=len(moments))
+    floats = np.fromiter(seconds, dtype=np.float64, count=len(moments))
+    return np.rint(floats * 1e6).astype(np.int64)
+
+
+def _encode(names: Sequence[Any]) -> tuple[list[int], tuple[Any, ...]]:
+    """Codes of ``names`` and the distinct names, in order of first appearance."""
+    codes: dict[Any, int] = dict.fromkeys(names)  # C-level: first-appearance order
+    for number, name in enumerate(codes):
+        codes[name] = number
+    return list(map(codes.__getitem__, names)), tuple(codes)
+
+
+def _seconds(values: Sequence[Any]) -> list[float] | Sequence[Any]:
+    return [math.nan if v is None else v for v in values] if None in values else values
+
+
+def _frozen(values: Any, dtype: Any) -> np.ndarray:
+    array = np.asarray(values, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+class PendingColumns(Sequence[Job]):
+    """Pending jobs of one pool as parallel arrays, row ``i`` being the ``i``-th job of the queue.
+
+    ``gpus``, ``priority``: int64; ``project``: int64 codes into ``projects`` (a name, or None:
+    no project); ``submitted_us``: int64; ``duration_s``, ``checkpoint_s``: float64, NaN when
+    unknown; ``user``: int64 codes into ``users`` (None: not known); ``ids``: the job ids (str).
+    ``pool``: the pool every job belongs to.
+    """
+
+    __slots__ = ("_counts", "_jobs", "checkpoint_s", "duration_s", "gpus", "ids", "pool",
+                 "priority", "project", "projects", "submitted_us", "user", "users")
+
+    def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
+                 project: Any, gpus: Any, priority: Any, submitted_us: Any, duration_s: Any,
+                 checkpoint_s: Any = None, users: Sequence[str | None] = (None,),
+                 user: Any = None):
+        self.pool = pool
+        self.ids: tuple[str, ...] = tuple(ids)
+        self.projects: tuple[str, ...] = tuple(projects)
+        self.project = _frozen(project, np.int64)
+        self.gpus = _frozen(gpus, np.int64)
+        self.priority = _frozen(priority, np.int64)
+        self.submitted_us = _frozen(submitted_us, np.int64)
+        self.duration_s = _frozen(duration_s, np.float64)
+        n = len(self.ids)
+        self.checkpoint_s = _frozen(np.full(n, np.nan) if checkpoint_s is None else checkpoint_s,
+                                    np.float64)
+        self.users: tuple[str | None, ...] = tuple(users)
+        self.user = _frozen(np.zeros(n, dtype=np.int64) if user is None else user, np.int64)
+        for name in ("project", "gpus", "priority", "submitted_us", "duration_s", "checkpoint_s",
+                     "user"):
+            column = getattr(self, name)
+            if column.shape != (n,):
+                raise ValueError(f"pending column {name!r} has shape {column.shape}, not ({n},)")
+        if n and (int(self.project.min()) < 0 or int(self.project.max()) >= len(self.projects)):
+            raise ValueError("pending column 'project' holds a code outside 'projects'")
+        if n and (int(self.user.min()) < 0 or int(self.user.max()) >= len(self.users)):
+            raise ValueError("pending column 'user' holds a code outside 'users'")
+        self._jobs: dict[int, Job] = {}
+        self._counts: dict[tuple[str, int, int], int] | None = None
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    def from_rows(cls, pool: str, rows: Iterable[Sequence[Any]],
+                  fields: Sequence[str] = ROW_FIELDS) -> PendingColumns:
+        """From query rows whose positions ``fields`` names (default :data:`ROW_FIELDS`; a
+        query's own column names, e.g. the built-in queue's, with extra ones ignored):
+        ``submitted_at`` a datetime (naive taken as UTC) or integer microseconds;
+        ``duration_s``/``checkpoint_s`` seconds or None. One pass per column, no Job made."""
+        rows = rows if isinstance(rows, list) else list(rows)
+        missing = {"id", "project", "gpus", "submitted_at"} - set(fields)
+        if missing:
+            raise ValueError(f"pending rows lack the field(s) {', '.join(sorted(missing))}")
+        if not rows:
+            return cls.empty(pool)
+        transposed = list(zip(*rows))
+        if len(transposed) != len(fields):
+            raise ValueError(f"pending rows have {len(transposed)} fields, not {len(fields)} "
+                             f"({', '.join(fields)})")
+        column = dict(zip(fields, transposed))
+        n = len(rows)
+
+        def get(name: str) -> Sequence[Any]:
+            return column[name] if name in column else (_DEFAULTS[name],) * n
+
+        project_codes, projects = _encode(column["project"])
+        user_codes, users = _encode(get("user"))
+        priority = get("priority")
+        return cls(pool, column["id"], projects, project_codes, column["gpus"],
+                   [0 if p is None else p for p in priority] if None in priority else priority,
+                   _micros(column["submitted_at"]), _seconds(get("duration_s")),
+                   _seconds(get("checkpoint_s")), users, user_codes)
+
+    @classmethod
+    def from_jobs(cls, jobs: Iterable[Job], pool: str | None = None) -> PendingColumns:
+        """From jobs (of one pool: ``pool``, or that of the first job)."""
+        jobs = tuple(jobs)
+        if pool is None:
+            pool = jobs[0].pool if jobs else ""
+        made = cls.from_rows(pool, [(j.id, j.project, j.gpus, j.priority, j.submitted_at,
+                                     j.duration_s, j.checkpoint_s, j.user) for j in jobs])
+        made._jobs.update(enumerate(jobs))  # the jobs as given (state, tz) are what job(i) returns
+        return made
+
+    @classmethod
+    def empty(cls, pool: str = "") -> PendingColumns:
+        return cls(pool, (), (), (), (), (), (), ())
+
+    # -- reading -------------------------------------------------------------------------------
+    def job(self, index: int) -> Job:
+        """Row ``index`` as a Job (made once, then kept)."""
+        job = self._jobs.get(index)
+        if job is None:
+            index = int(index)
+            if not -len(self.ids) <= index < len(self.ids):
+                raise IndexError(index)
+            index %= len(self.ids)
+            duration = float(self.duration_s[index])
+            checkpoint = float(self.checkpoint_s[index])
+            job = Job(self.ids[index], self.projects[int(self.project[index])], self.pool,
+                      int(self.gpus[index]), from_us(int(self.submitted_us[index])),
+                      int(self.priority[index]), None if math.isnan(duration) else duration,
+                      checkpoint_s=None if math.isnan(checkpoint) else checkpoint,
+                      user=self.users[int(self.user[index])])
+            self._jobs[index] = job
+        return job
+
+    def jobs(self, indexes: Iterable[int]) -> tuple[Job, ...]:
+        """The jobs of the rows ``indexes``, in that order."""
+        job = self.job
+        return tuple(job(i) for i in (indexes.tolist() if isinstance(indexes, np.ndarray)
+                                      else indexes))
+
+    def project_names(self) -> np.ndarray:
+        """Each row's project name (an object array, for sorting and reading by name)."""
+        return np.array(self.projects, dtype=object)[self.project] if len(self) else (
+            np.empty(0, dtype=object))
+
+    def counts(self) -> dict[tuple[str, int, int], int]:
+        """Jobs per (project, priority, width), in order of first appearance (kept)."""
+        if self._counts is None:
+            if not len(self):
+                self._counts = {}
+            else:
+                # One integer key per row (priority and width offset to 0), counted by one sort.
+                low_p, low_g = int(self.priority.min()), int(self.gpus.min())
+                span_p = int(self.priority.max()) - low_p + 1
+                span_g = int(self.gpus.max()) - low_g + 1
+                key = (self.project * span_p + (self.priority - low_p)) * span_g + (
+                    self.gpus - low_g)
+                unique, first, count = np.unique(key, return_index=True, return_counts=True)
+                counts = {}
+                for k in np.argsort(first, kind="stable").tolist():
+                    rest, width = divmod(int(unique[k]), span_g)
+                    code, level = divmod(rest, span_p)
+                    counts[(self.projects[code], level + low_p, width + low_g)] = int(count[k])
+                self._counts = counts
+        return dict(self._counts)
+
+    def owner_counts(self, rows: np.ndarray) -> dict[tuple[str | None, str | None, int], int]:
+        """Jobs among ``rows`` per (project, user, width), in order of first appearance."""
+        if not len(rows):
+            return {}
+        span_u, span_g = len(self.users), int(self.gpus.max()) + 1
+        key = (self.project[rows] * span_u + self.user[rows]) * span_g + self.gpus[rows]
+        unique, first, count = np.unique(key, return_index=True, return_counts=True)
+        counts = {}
+        for k in np.argsort(first, kind="stable").tolist():
+            rest, width = divmod(int(unique[k]), span_g)
+            code, user = divmod(rest, span_u)
+            counts[(self.projects[code], self.users[user], width)] = int(count[k])
+        return counts
+
+    @property
+    def total_gpus(self) -> int:
+        return int(self.gpus.sum())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Job, ...]: ...
+    def __getitem__(self, index: int | slice) -> Job | tuple[Job, ...]:
+        if isinstance(index, slice):
+            return self.jobs(range(*index.indices(len(self))))
+        return self.job(index)
+
+    def __iter__(self) -> Iterator[Job]:
+        return map(self.job, range(len(self)))
+
+    def __bool__(self) -> bool:
+        return bool(self.ids)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PendingColumns):
+            return self is other or (self.pool == other.pool and tuple(self) == tuple(other))
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"PendingColumns(pool={self.pool!r}, jobs={len(self)})"
+
+
+class JobsView(Sequence[Job]):
+    """Some rows of a :class:`PendingColumns`, in a given order (``indexes``): a read-only
+    sequence of jobs whose Jobs are made only when read, and whose columns are one fancy index
+    away (:meth:`column`). The planner's ordered queue, its unmet jobs and its due jobs are
+    views: 100k of them cost an array of positions, not 100k objects."""
+
+    __slots__ = ("columns", "indexes")
+
+    def __init__(self, columns: PendingColumns, indexes: Any):
+        self.columns = columns
+        self.indexes: np.ndarray = np.asarray(indexes, dtype=np.int64)
+
+    def column(self, name: str) -> np.ndarray:
+        """One column (``gpus``, ``project``, ``priority``, ``submitted_us``, ``duration_s``) of
+        the viewed rows, in the view's order."""
+        return getattr(self.columns, name)[self.indexes]
+
+    def where(self, mask: np.ndarray) -> JobsView:
+        """The rows of this view where ``mask`` (one bool per row of the view) holds."""
+        return JobsView(self.columns, self.indexes[mask])
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+    @overload
+    def __getitem__(self, index: slice) -> JobsView: ...
+    def __getitem__(self, index: int | slice) -> Job | JobsView:
+        if isinstance(index, slice):
+            return JobsView(self.columns, self.indexes[index])
+        return self.columns.job(int(self.indexes[index]))
+
+    def __iter__(self) -> Iterator[Job]:
+        return map(self.columns.job, self.indexes.tolist())
+
+    def __bool__(self) -> bool:
+        return len(self.indexes) > 0
+
+    def __add__(self, other: object) -> JobsView | tuple[Job, ...]:
+        if isinstance(other, JobsView) and other.columns is self.columns:
+            return JobsView(self.columns, np.concatenate([self.indexes, other.indexes]))
+        if isinstance(other, (tuple, JobsView)):
+            return tuple(self) + tuple(other)
+        return NotImplemented
+
+    def __radd__(self, other: object) -> tuple[Job, ...]:
+        if isinstance(other, tuple):
+            return other + tuple(self)
+        return NotImplemented
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (JobsView, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"JobsView({len(self)} of {self.columns!r})"
+
+
+def columns_of(pending: Sequence[Job], pool: str = "") -> PendingColumns:
+    """``pending`` as columns: itself when it is columns already, else built from its jobs."""
+    if isinstance(pending, PendingColumns):
+        return pending
+    return PendingColumns.from_jobs(pending, pool or None)
