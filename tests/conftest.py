@@ -76,19 +76,3 @@ def store(store_url: str) -> Iterator[Store]:
         yield s
     finally:
         s.close()
-
-
-# Fixtures that start one machine-wide server per session and cannot run twice at once (the
-# Slurm mini-cluster's daemons, ports and munge socket). Under pytest-xdist (README's test command
-# runs two workers with --dist loadgroup) every test using one is sent to the same worker; without
-# xdist the mark is inert.
-_SINGLE_WORKER_FIXTURES = {"slurm_cluster": "slurm", "slurm": "slurm"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        for fixture, group in _SINGLE_WORKER_FIXTURES.items():
-            if fixture in names:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
