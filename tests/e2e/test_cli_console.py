@@ -79,7 +79,7 @@ def test_decisions_and_explain_print_every_bracket(seeded) -> None:
 def test_status_submit_and_pool_echo_names_verbatim(seeded) -> None:
     policy = ["-p", seeded["policy"]]
     submitted = burst(seeded, "submit", "--project", TEAM, "--gpus", "1", "--duration", "1m", *policy)
-    assert f"GPU(s) for {TEAM} in pool gpu" in submitted.stdout
+    assert f"GPU(s) for {TEAM} (" in submitted.stdout and ") in pool gpu" in submitted.stdout
     status = burst(seeded, "status", *policy).stdout
     assert status.count(TEAM) >= 2, status  # the queued job and the burst node's project
 
