@@ -21,7 +21,6 @@ dict order included.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import random
@@ -32,10 +31,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_plan import NOW, make_policy, make_snapshot  # noqa: E402
+from bench_plan import NOW, as_columns, make_policy, make_snapshot  # noqa: E402
 
 from orchestrator.domain import Job, Node, NodeState, OnPremState, PoolQueue, Snapshot  # noqa: E402
-from orchestrator.domain.pending import PendingColumns  # noqa: E402
 from orchestrator.domain.snapshot import OnPremRelease  # noqa: E402
 from orchestrator.planner import plan  # noqa: E402
 from orchestrator.policy import Market, load_policy_text  # noqa: E402
@@ -141,16 +139,6 @@ def large_cases():
                      max_nodes=rng.choice([60, 10000]), quota=rng.choice([16, 4000]),
                      launches=rng.choice([3, 200]), prio=k != 6), snapshot
 
-
-def as_columns(snapshot: Snapshot) -> Snapshot:
-    """The snapshot with each pool's pending jobs as the columns a queue source builds from its
-    rows (``PendingColumns.from_rows``): the planner must decide the same on either form."""
-    queues = {}
-    for name, queue in snapshot.queues.items():
-        rows = [(j.id, j.project, j.gpus, j.priority, j.submitted_at, j.duration_s,
-                 j.checkpoint_s, j.user) for j in queue.pending]
-        queues[name] = dataclasses.replace(queue, pending=PendingColumns.from_rows(name, rows))
-    return dataclasses.replace(snapshot, queues=queues)
 
 
 def main() -> None:

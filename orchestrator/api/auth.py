@@ -21,7 +21,7 @@ Scoping rules (the same for every route, see docs/api.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -82,14 +82,12 @@ def parse_projects(values: Iterable[str] | None, name: str = "project") -> froze
     if not values:
         return None
     names: set[str] = set()
-    for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            # "-" is how the ledger names the spend of nodes launched for no project.
-            if part != NO_PROJECT and not PROJECT_RE.match(part):
-                raise invalid(name, f"{part!r} is not a project name (letters, digits, '.', '_', "
-                                    "'/', '-'; at most 128 characters)")
-            names.add(part)
+    for part in _listed(values):
+        # "-" is how the ledger names the spend of nodes launched for no project.
+        if part != NO_PROJECT and not PROJECT_RE.match(part):
+            raise invalid(name, f"{part!r} is not a project name (letters, digits, '.', '_', "
+                                "'/', '-'; at most 128 characters)")
+        names.add(part)
     return frozenset(names)
 
 
@@ -99,14 +97,19 @@ def parse_users(values: Iterable[str] | None, name: str = "user") -> frozenset[s
     if not values:
         return None
     names: set[str] = set()
+    for part in _listed(values):
+        try:
+            names.add(check_user(part))
+        except ValueError as exc:
+            raise invalid(name, str(exc)) from None
+    return frozenset(names)
+
+
+def _listed(values: Iterable[str]) -> Iterator[str]:
+    """Each name of ``?key=a&key=b`` or ``?key=a,b``, stripped."""
     for value in values:
         for part in value.split(","):
-            part = part.strip()
-            try:
-                names.add(check_user(part))
-            except ValueError as exc:
-                raise invalid(name, str(exc)) from None
-    return frozenset(names)
+            yield part.strip()
 
 
 def project_scope(token: ApiToken, asked: frozenset[str] | None) -> frozenset[str] | None:

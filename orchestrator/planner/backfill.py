@@ -30,6 +30,7 @@ Times are plain seconds on the caller's clock. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -113,7 +114,7 @@ class NodeSpace:
         for node, size in enumerate(self.sizes):
             if size < gpus:
                 continue
-            start = _earliest_on(self.times[node], self.frees[node], gpus, limit_s)
+            start = earliest_window(self.times[node], self.frees[node], gpus, limit_s)
             if start is None:
                 continue
             room = self.frees[node][_step(self.times[node], start)]
@@ -193,8 +194,8 @@ class NodeSpace:
         end = start + limit_s
         for node, gpus in allocation:
             times, frees = self.times[node], self.frees[node]
-            a = _split(times, frees, start)
-            b = _split(times, frees, end) if end < INF else len(times)
+            a = split_step(times, frees, start)
+            b = split_step(times, frees, end) if end < INF else len(times)
             if a == 0:
                 self.free_total -= gpus
                 if frees[0] <= 0:
@@ -205,18 +206,13 @@ class NodeSpace:
 
 def _step(times: list[float], t: float) -> int:
     """The index of the step holding time ``t`` (``t >= times[0]``)."""
-    lo, hi = 0, len(times) - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if times[mid] <= t:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return bisect_right(times, t) - 1
 
 
-def _split(times: list[float], frees: list[int], t: float) -> int:
-    """Make ``t`` a step boundary; its index."""
+
+def split_step(times: list[float], frees: list[int], t: float) -> int:
+    """Make ``t`` a step boundary of the step profile ``times``/``frees`` (free GPUs from each
+    time on; ``t >= times[0]``); its index. Shared with the planner's pooled forecast."""
     k = _step(times, t)
     if times[k] == t:
         return k
@@ -236,8 +232,10 @@ def _holds(times: list[float], frees: list[int], k: int, gpus: int, end: float) 
     return True
 
 
-def _earliest_on(times: list[float], frees: list[int], gpus: int, limit_s: float) -> float | None:
-    """The first step start from which ``gpus`` stay free on one node for ``limit_s``."""
+def earliest_window(times: list[float], frees: list[int], gpus: int,
+                    limit_s: float) -> float | None:
+    """The first step start from which ``gpus`` stay free for ``limit_s`` (one node's profile, or
+    the pooled one of :mod:`orchestrator.planner.forecast`), or None."""
     n = len(times)
     k = 0
     while k < n:

@@ -26,16 +26,14 @@ The profile is piecewise constant: ``times`` (seconds from now, increasing, the 
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.planner.backfill import INF, earliest_window, split_step
 
 MAX_JOBS = 500  # unmet jobs placed per tick at most; later ones get no prediction
-INF = math.inf
 
 
 class _Profile:
@@ -47,40 +45,17 @@ class _Profile:
         self.times: list[float] = [0.0]
         self.free: list[int] = [free_now]
 
-    def _split(self, t: float) -> int:
-        """The index of the segment starting at ``t`` (inserting a breakpoint if needed)."""
-        i = bisect_left(self.times, t)
-        if i < len(self.times) and self.times[i] == t:
-            return i
-        self.times.insert(i, t)
-        self.free.insert(i, self.free[i - 1])
-        return i
-
     def add(self, gpus: int, start: float, end: float) -> None:
         """``gpus`` more free (negative: fewer) from ``start`` to ``end`` (INF: for ever)."""
-        i = self._split(start)
-        j = len(self.times) if end == INF else self._split(end)
+        i = split_step(self.times, self.free, start)
+        j = len(self.times) if end == INF else split_step(self.times, self.free, end)
         for k in range(i, j):
             self.free[k] += gpus
 
     def first_fit(self, gpus: int, length: float) -> float | None:
         """The earliest time from which ``gpus`` stay free for ``length`` seconds (INF: for
         ever), or None if there is none."""
-        times, free = self.times, self.free
-        n = len(times)
-        i = 0
-        while i < n:
-            if free[i] < gpus:
-                i += 1
-                continue
-            end = times[i] + length
-            j = i
-            while j < n and times[j] < end and free[j] >= gpus:
-                j += 1
-            if j == n or times[j] >= end:
-                return times[i]
-            i = j + 1  # segment j is short: no window can start at or before it
-        return None
+        return earliest_window(self.times, self.free, gpus, length)
 
 
 def predict_onprem_starts(unmet: Iterable[Job], onprem_absorbed: Iterable[Job], queue: PoolQueue,

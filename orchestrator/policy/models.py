@@ -305,6 +305,13 @@ class Cooldowns(PolicyModel):
     )
 
 
+def _check_checkpoint_every(value: timedelta | None) -> None:
+    """A checkpoint interval (of a project, or spot's default) is longer than zero."""
+    if value is not None and value.total_seconds() <= 0:
+        raise field_problem("checkpoint_every", "must be longer than 0s (leave it unset for "
+                            "jobs that do not checkpoint)")
+
+
 class Project(PolicyModel):
     """A tenant of the pool: its priority and its share of burst capacity."""
 
@@ -337,9 +344,7 @@ class Project(PolicyModel):
 
     @model_validator(mode="after")
     def _positive_interval(self) -> Project:
-        if self.checkpoint_every is not None and self.checkpoint_every.total_seconds() <= 0:
-            raise field_problem("checkpoint_every", "must be longer than 0s (leave it unset for "
-                                "jobs that do not checkpoint)")
+        _check_checkpoint_every(self.checkpoint_every)
         return self
 
 
@@ -538,9 +543,7 @@ class SpotChoice(PolicyModel):
 
     @model_validator(mode="after")
     def _positive_interval(self) -> SpotChoice:
-        if self.checkpoint_every is not None and self.checkpoint_every.total_seconds() <= 0:
-            raise field_problem("checkpoint_every", "must be longer than 0s (leave it unset for "
-                                "jobs that do not checkpoint)")
+        _check_checkpoint_every(self.checkpoint_every)
         return self
 
 

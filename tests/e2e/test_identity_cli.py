@@ -6,20 +6,16 @@ bucket of no user or no project as such in tables and leaving it null in JSON.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from orchestrator.cli import app
 from orchestrator.costs.ledger import roll_up
-from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
 from orchestrator.store import Store
 from orchestrator.store.jobruns import JobRun, RunSource, slurm_run_key
-from orchestrator.wiring import Runtime, Settings, build_runtime
+from orchestrator.wiring import Runtime
 from tests.builders import POOL
+from tests.e2e.test_token_cli import rt, run  # noqa: F401 (rt: fixture)
 from tests.integration.api_support import bearer, served
 from tests.integration.test_job_runs import ready
 from tests.integration.test_ledger import onprem_policy
@@ -27,20 +23,9 @@ from tests.integration.test_ledger import onprem_policy
 H = timedelta(hours=1)
 
 
-def run(*args: str):
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
-
-
-@pytest.fixture
-def rt(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    url = store.engine.url.render_as_string(hide_password=False)
-    monkeypatch.setenv("BURST_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("BURST_DATABASE_URL", url)
+@pytest.fixture(autouse=True)
+def os_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOGNAME", "grace")  # who getpass says runs burst
-    runtime = build_runtime(Settings(state_dir=tmp_path / "state", database_url=url),
-                            [load_policy(DEFAULT_POLICY_PATH)], providers={}, upgrade=False)
-    yield runtime
-    runtime.close()
 
 
 def submit(*extra: str):
