@@ -28,6 +28,7 @@ from orchestrator.domain.offerings import Offering
 from orchestrator.policy import Policy, PolicyError, Problem
 from orchestrator.policy.accelerators import gpu_key
 from orchestrator.policy.loader import format_loc, parse_yaml
+from orchestrator.policy.enums import Interconnect, InterconnectNeed
 from orchestrator.policy.models import OfferingSpec, ProviderName
 
 #: A bundled or refreshed price older than this is reported (run `burst catalog refresh`).
@@ -149,6 +150,39 @@ def check(policy: Policy, catalogue: Catalogue, today: date) -> list[Finding]:
         if rows is None:
             continue
         findings.extend(_check_offering(index, spec, rows, today))
+    findings.extend(_check_interconnects(policy, catalogue))
+    return findings
+
+
+def _fabric_of(spec: OfferingSpec, catalogue: Catalogue) -> Interconnect | None:
+    """The catalogue's interconnect for ``spec``'s instance type; None where no catalogue lists it
+    (libcloud, local, a type newer than the bundled snapshot: planned as the policy says)."""
+    for row in catalogue(str(spec.provider)) or ():
+        if row.offering.instance_type == spec.instance_type:
+            return row.offering.interconnect
+    return None
+
+
+def _check_interconnects(policy: Policy, catalogue: Catalogue) -> list[Finding]:
+    """An offering asking for an interconnect its type lacks, and a ``multi_node_requires`` no
+    listed offering meets, are errors naming the offering(s) and what they have."""
+    findings: list[Finding] = []
+    have: list[tuple[OfferingSpec, Interconnect | None]] = []
+    for index, spec in enumerate(policy.offerings):
+        fabric = _fabric_of(spec, catalogue)
+        have.append((spec, fabric))
+        if fabric is not None and not spec.interconnect.met_by(fabric):
+            findings.append(Finding(Level.ERROR, ("offerings", index, "interconnect"), (
+                f"{spec.key} asks for interconnect {spec.interconnect}, but the {spec.provider} "
+                f"catalogue gives {spec.instance_type} {fabric} (see providers/data/interconnect.csv)")))
+    need = policy.multi_node_requires
+    if need is not InterconnectNeed.NONE and have and not any(
+            need.met_by(f) if f is not None else spec.interconnect.met_by_need(need)
+            for spec, f in have):
+        listed = ", ".join(f"{spec.key} ({f or 'not catalogued'})" for spec, f in have)
+        findings.append(Finding(Level.ERROR, ("multi_node_requires",), (
+            f"multi_node_requires: {need}, but no listed offering has it: {listed}; jobs wider "
+            "than one node could never be launched for")))
     return findings
 
 

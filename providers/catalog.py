@@ -6,6 +6,11 @@ and described, with sources, dates and licences, in ``providers/data/CATALOG.md`
 (region, instance type, market) with its GPUs and hourly list price; ``price_date`` says how old
 each price is (the AWS spot prices are older than the on-demand ones).
 
+Each row also carries the instance type's interconnect (EFA on AWS p4d/p5/p6 and the largest g
+types; GPUDirect-TCPX/TCPXO/RDMA on GCP a3-high/a3-mega/a3-ultra and a4) and its bandwidth, from
+``providers/data/interconnect.csv`` (:func:`interconnects`), whose every row cites the provider's
+published page; a type not listed there has none.
+
 Layers, lowest first:
 
 1. the bundled CSVs (:func:`load_catalog`), read once per process;
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.domain.offerings import BillingRule, Offering
+from orchestrator.policy.enums import Interconnect
 from orchestrator.policy.models import Market
 
 KNOWN_PROVIDERS = ("aws", "gcp")
@@ -146,6 +152,7 @@ def _parse_records(
                 memory_gib=float(row["memory_gib"]) if row["memory_gib"] else None,
                 billing=BILLING[provider],
             )
+            offering = with_interconnect(offering)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{where}:{line}: {exc}") from exc
         yield offering, row["price_date"], row["source"]
@@ -190,6 +197,29 @@ def _data_file(provider: str) -> Any:
 def _bundled(provider: str) -> tuple[tuple[Offering, str, str], ...]:
     resource = _data_file(provider)
     return tuple(_parse_rows(resource.read_text(encoding="utf-8"), f"providers/data/{resource.name}"))
+
+
+@functools.cache
+def interconnects() -> dict[tuple[str, str], tuple[Interconnect, int]]:
+    """(provider, instance type) -> its interconnect and published bandwidth (Gbit/s per node),
+    from ``interconnect.csv``: hand-kept from the providers' published pages, cited per row in its
+    ``source`` column. A type not listed there has no GPU fabric (``none``)."""
+    text = resources.files("providers").joinpath("data", "interconnect.csv").read_text(encoding="utf-8")
+    table = {}
+    for line, r in enumerate(csv.DictReader(io.StringIO(text)), 2):
+        if not r.get("source"):
+            raise ValueError(f"providers/data/interconnect.csv:{line}: every row cites its source")
+        table[(r["provider"], r["instance_type"])] = (Interconnect(r["interconnect"]),
+                                                      int(r["bandwidth_gbps"]))
+    return table
+
+
+def with_interconnect(offering: Offering) -> Offering:
+    """``offering`` with its instance type's interconnect from :func:`interconnects`."""
+    fabric = interconnects().get((offering.provider, offering.instance_type))
+    if fabric is None:
+        return offering
+    return replace(offering, interconnect=fabric[0], interconnect_gbps=fabric[1])
 
 
 @functools.cache
@@ -474,8 +504,8 @@ def refresh_aws(
                 result.append(replace(listed, gpus=gpus, gpu_model=model, vcpus=vcpus,
                                       memory_gib=memory))
             if instance_type in spot:
-                result.append(Offering(
+                result.append(with_interconnect(Offering(
                     provider="aws", region=region, zone=None, instance_type=instance_type,
                     market=Market.SPOT, gpus=gpus, price_usd_hour=spot[instance_type],
-                    gpu_model=model, vcpus=vcpus, memory_gib=memory, billing=BILLING["aws"]))
+                    gpu_model=model, vcpus=vcpus, memory_gib=memory, billing=BILLING["aws"])))
     return sorted(result, key=lambda o: o.key)

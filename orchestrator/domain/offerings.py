@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.policy.enums import Interconnect
 from orchestrator.policy.models import Market
 
 
@@ -42,6 +43,10 @@ class Offering:
     vcpus: int | None = None
     memory_gib: float | None = None
     billing: BillingRule = BillingRule()
+    # The node-to-node fabric of the instance type (``providers/data/interconnect.csv``) and its
+    # published bandwidth per node in Gbit/s (0: not published / none).
+    interconnect: Interconnect = Interconnect.NONE
+    interconnect_gbps: int = 0
 
     @property
     def key(self) -> str:

@@ -75,6 +75,10 @@ class Launch:
     # idle tail); recorded on the node so budgets count it until it is spent.
     budget_commit_usd: float = 0.0
     jobs: tuple[str, ...] = ()  # the pending jobs it is launched for (empty: min-nodes, pre-warm)
+    # Launch group: the nodes of one multi-node job, all of one offering (one provider, region,
+    # zone), launched together in one placement group or not at all. None: a lone node.
+    group: str | None = None
+    group_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +175,15 @@ class Plan:
     @property
     def launches(self) -> list[Launch]:
         return [a for a in self.actions if isinstance(a, Launch)]
+
+    @property
+    def launch_groups(self) -> dict[str, list[Launch]]:
+        """The launches of each launch group (a multi-node job's nodes), in plan order."""
+        groups: dict[str, list[Launch]] = {}
+        for launch in self.launches:
+            if launch.group is not None:
+                groups.setdefault(launch.group, []).append(launch)
+        return groups
 
     @property
     def drains(self) -> list[Drain]:

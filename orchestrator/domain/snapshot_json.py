@@ -115,6 +115,7 @@ _BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
     (Offering, "price_usd_hour"): (0, bounds.MAX_PRICE_USD_HOUR),
     (Offering, "vcpus"): (0, bounds.MAX_COUNT),
     (Offering, "memory_gib"): (0, bounds.MAX_COUNT),
+    (Offering, "interconnect_gbps"): (0, bounds.MAX_COUNT),
     (BillingRule, "minimum_s"): (0, 86_400),
     (BillingRule, "increment_s"): (1, 86_400),
     (PrewarmRequest, "gpus"): (1, bounds.MAX_POOL_GPUS),

@@ -69,8 +69,8 @@ from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
 from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
+from orchestrator.planner.placement import MULTI_NODE, NO_INTERCONNECT, WIDER_THAN_LIMIT
 from orchestrator.planner.scaleup import (
-    MULTI_NODE,
     Budget,
     Grant,
     grant_nodes,
@@ -272,8 +272,19 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             widest = max(c.offering.gpus for c in candidates)
             wide = _wider_than(demand.unmet, widest)
             summary += (f"; {wide} job(s) wider than one burst node ({widest} GPUs) are not "
-                        "launched for: a job runs on one burst node until multi-node placement "
-                        "lands")
+                        f"launched for: the {policy.fabric_kind} fabric runs a job on one burst "
+                        "node (Slurm and torch elastic span nodes)")
+        if WIDER_THAN_LIMIT in held_back:
+            summary += (f"; a job wider than one node needs more nodes at once than "
+                        f"limits.max_nodes ({policy.limits.max_nodes}) or its offering's "
+                        "max_nodes allow: held, never partly launched")
+        if NO_INTERCONNECT in held_back:
+            summary += (f"; offerings without interconnect {policy.multi_node_requires} are not "
+                        "used for jobs wider than one node (multi_node_requires)")
+        groups = {lc.group: lc for lc in launches if lc.group is not None}
+        if groups:
+            summary += "; launch group(s): " + ", ".join(
+                f"{g} ({lc.group_size}x {lc.offering.key})" for g, lc in groups.items())
 
     if split is not None and (split.deferred or split.waiting):
         summary = f"{summary}; {split.text()}"
@@ -530,6 +541,9 @@ def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReaso
             node_id=node_id,
             request_id=_child_id("r-", did, index),
             offering=grant.candidate.offering,
+            group=(None if grant.group < 0
+                   else f"{policy.name}-g" + _child_id("", did, grant.group + start)[:10]),
+            group_size=grant.group_size,
             reason=reason,
             project=None if grant.project == "-" else grant.project,
             decision_id=did,

@@ -6,9 +6,10 @@ of nodes still booting (so a spike already being answered is not answered twice)
 nowhere is *unmet* demand, the only thing that may cause a launch.
 
 On-prem, a job wider than one node needs that many whole nodes (multi-node training); a smaller
-job takes GPUs of one node. On burst nodes a job takes GPUs of one node only: that is all the
-dispatcher places (:mod:`orchestrator.sources.builtin`), so a burst node counts as covering a job
-only if the job could really be started on it. The fitting is first-fit over bins of free GPUs, which is what the built-in
+job takes GPUs of one node. On burst nodes a job takes GPUs of one node only where the fabric is
+the built-in queue: that is all its dispatcher places (:mod:`orchestrator.sources.builtin`), so a
+burst node counts as covering a job only if the job could really be started on it; a fabric that
+spans nodes (Slurm, torch elastic) takes a wide job on whole free burst nodes. The fitting is first-fit over bins of free GPUs, which is what the built-in
 queue's dispatcher and Slurm's backfill roughly do; it is an estimate for planning, not a schedule.
 
 Speed (100k pending jobs): the queue is read as columns
@@ -38,6 +39,7 @@ from orchestrator.domain.pending import JobsView, PendingColumns, columns_of
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.offerings import expected_hours
+from orchestrator.planner.placement import spans_nodes
 from orchestrator.policy.models import Policy
 
 _submitted = attrgetter("submitted_at")
@@ -394,6 +396,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     owners = burst.owners
     burst_size = burst.node_size
     onprem_place, burst_place = onprem.place, burst.place
+    spans = spans_nodes(policy)
     rows = order.order
     stop = len(rows)  # from here on nothing is free anywhere: the rest is all unmet
     if onprem.total or burst.total:
@@ -410,7 +413,11 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
             # job across nodes): a wider job is never absorbed there, so no node counts as
             # covering it.
             used = None
-            if burst.total and gpus <= burst_size:
+            if burst.total and gpus > burst_size and spans:
+                # A fabric that spans nodes (Slurm, torch elastic) starts a wide job on whole
+                # free nodes: those of its launch group while they boot.
+                used = burst_place(gpus)
+            elif burst.total and gpus <= burst_size:
                 if admit is None:
                     used = burst_place(gpus)
                 else:

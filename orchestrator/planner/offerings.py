@@ -111,6 +111,11 @@ def resolve_candidates(
                 rejected.append(OfferingOption(key, spec.gpus or 0, 0.0, 0, 0.0,
                                                rejected=_unresolved_reason(spec, market)))
                 continue
+            if not spec.interconnect.met_by(offering.interconnect):
+                rejected.append(OfferingOption(key, offering.gpus, offering.price_usd_hour, 0, 0.0,
+                                               rejected=f"interconnect {spec.interconnect} asked for, "
+                                               f"the catalogue gives {offering.interconnect}"))
+                continue
             block = blocked.get(key)
             if block is not None:
                 rejected.append(OfferingOption(key, offering.gpus, offering.price_usd_hour, 0, 0.0,
@@ -151,6 +156,9 @@ def _resolve(spec: OfferingSpec, market: Market, listed: Offering | None) -> Off
         vcpus=listed.vcpus if listed else None,
         memory_gib=listed.memory_gib if listed else None,
         billing=listed.billing if listed else Offering.__dataclass_fields__["billing"].default,
+        # the catalogue's fabric; an offering it does not list is planned as the policy asks
+        interconnect=listed.interconnect if listed else spec.interconnect.assumed(str(spec.provider)),
+        interconnect_gbps=listed.interconnect_gbps if listed else 0,
     )
 
 

@@ -14,9 +14,12 @@ pack them onto those nodes while they boot, until a limit binds:
 * the offering's own ``max_nodes``; when it binds, the next-cheapest candidate takes the rest;
 * budgets (:mod:`.budgets`): a launch must fit the commitment it makes, the hourly burn cap and the
   grade in force of every budget of its scope;
-* placement: the dispatcher starts a job on one burst node only, so a job wider than the nodes of
-  every offering is not launched for (``placement.one_node_per_job``) until multi-node placement
-  lands: its nodes would bill while nothing could start it.
+* placement (:mod:`.placement`): a job wider than one node gets ``ceil(gpus / node_gpus)`` nodes
+  of one candidate at once, or none (a launch group); where the fabric cannot span nodes (the
+  built-in queue) it is not launched for (``placement.one_node_per_job``): its nodes would bill
+  while nothing could start it. A group bigger than ``max_nodes`` is held
+  (``placement.wider_than_max_nodes``); candidates without the interconnect
+  ``multi_node_requires`` asks for are passed over (``multi_node_requires``).
 
 Between projects of equal priority, when a pool-wide limit binds, nodes are shared by max-min
 fairness (see :func:`grant_nodes`). Every limit that held back a node is named in
@@ -39,11 +42,16 @@ from orchestrator.planner.demand import Bins
 from orchestrator.planner.offerings import (
     Candidate,
 )
+from orchestrator.planner.placement import (
+    MULTI_NODE,
+    NO_INTERCONNECT,
+    WIDER_THAN_LIMIT,
+    nodes_for,
+    spans_nodes,
+)
 from orchestrator.policy.models import Policy
 
 _IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
-# What holds back a job wider than one burst node of every offering (``held_back_by``).
-MULTI_NODE = "placement.one_node_per_job"
 _GPUS = attrgetter("gpus")
 _DURATION = attrgetter("duration_s")
 
@@ -127,6 +135,9 @@ class Grant:
     runtime_s: float = 0.0
     commit_usd: Decimal = Decimal(0)
     jobs: tuple[str, ...] = ()
+    # Launch group: index of the group's first grant (this tick) and its node count; -1: alone.
+    group: int = -1
+    group_size: int = 1
 
 
 def grant_nodes(
@@ -217,6 +228,7 @@ class _Pass:
         self.granted_bin: dict[int, int] = {}  # bin index -> index in grants (this tick's nodes)
         self.pool_budgets = books.pool_names() if books is not None else set()
         self.full = False  # no node more in the pool: order no longer decides any grant
+        self.spans = spans_nodes(policy)
         self.settled = False  # the outcome is final: no other order can grant anything
 
     def hold(self, blocker: str) -> None:
@@ -265,10 +277,12 @@ class _Pass:
                     continue
                 if pool_bound:
                     continue
-                if job.gpus > size:
-                    carried.append(job)  # this offering's nodes cannot hold it: the next's turn
-                    continue
                 count = 1
+                if job.gpus > size:
+                    count = self._group_size(job, candidate)
+                    if count == 0:
+                        carried.append(job)  # this offering cannot hold it: the next's turn
+                        continue
                 # The limits first: the commitment (Decimal arithmetic) is worked out only for a
                 # job they let through, since a bound pool can turn down thousands of jobs a tick.
                 blocker = _blocker(self.budget, candidate, count)
@@ -296,25 +310,58 @@ class _Pass:
                     if stop_if_pool_limited and self._pool_wide(blocker):
                         return False  # this pass is thrown away: the fair one decides
                     continue
-                for _ in range(count):
-                    self.budget.take(candidate)
-                    if self.books is not None:
-                        self.books.take(job.project, candidate.offering, commit)
-                    bins.add(size)
-                    self.granted_bin[len(bins.free) - 1] = len(self.grants)
-                    self.grants.append(Grant(candidate, job.project, runtime, commit))
-                self.held[job.project] = self.held.get(job.project, 0) + count * size
+                if count > 1:
+                    self._grant_group(job, candidate, count, runtime, commit)
+                    continue
+                self.budget.take(candidate)
+                if self.books is not None:
+                    self.books.take(job.project, candidate.offering, commit)
+                bins.add(size)
+                self.granted_bin[len(bins.free) - 1] = len(self.grants)
+                self.grants.append(Grant(candidate, job.project, runtime, commit))
+                self.held[job.project] = self.held.get(job.project, 0) + size
                 self._attach(job, bins.place(job.gpus) or [])  # fits now (nodes of one size)
             if pool_bound or not carried:
                 break
             left = carried
         else:
             widest = max((c.offering.gpus for c in ranked), default=0)
-            if any(job.gpus > widest for job in left):
-                # Until multi-node placement lands, a job wider than every offering's node is
-                # not launched for: its nodes would bill while the dispatcher cannot start it.
+            if not self.spans and any(job.gpus > widest for job in left):
+                # The fabric starts a job on one node: a job wider than every offering's node is
+                # not launched for, its nodes would bill while nothing can start it.
                 self.hold(MULTI_NODE)
         return True
+
+    def _group_size(self, job: Job, candidate: Candidate) -> int:
+        """Nodes of ``candidate`` a job wider than one of its nodes takes as one launch group;
+        0 when it cannot have them from this candidate (the hold names why)."""
+        if not self.spans:
+            return 0
+        need = self.policy.multi_node_requires
+        if not need.met_by(candidate.offering.interconnect):
+            self.hold(NO_INTERCONNECT)
+            return 0
+        count = nodes_for(job.gpus, candidate.offering.gpus)
+        cap = candidate.max_nodes
+        if count > self.policy.limits.max_nodes or (cap is not None and count > cap):
+            self.hold(WIDER_THAN_LIMIT)  # never partly launched: not even once room is made
+            return 0
+        return count
+
+    def _grant_group(self, job: Job, candidate: Candidate, count: int, runtime: float,
+                     commit: Decimal) -> None:
+        """``count`` nodes of ``candidate`` for one multi-node job: granted together (the limits
+        let all of them through), each whole node taken by the job."""
+        first = len(self.grants)
+        for _ in range(count):
+            self.budget.take(candidate)
+            if self.books is not None:
+                self.books.take(job.project, candidate.offering, commit)
+            self.bins.add(0)  # a whole node the job fills: nothing else packs onto it
+            self.granted_bin[len(self.bins.free) - 1] = len(self.grants)
+            self.grants.append(Grant(candidate, job.project, runtime, commit, (job.id,),
+                                     group=first, group_size=count))
+        self.held[job.project] = self.held.get(job.project, 0) + count * candidate.offering.gpus
 
     def _pack(self, job: Job, where: list[int]) -> None:
         """Place ``job`` on the bins ``where`` (peeked); nodes granted this tick stretch their

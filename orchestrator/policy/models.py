@@ -32,7 +32,7 @@ from orchestrator.policy.bounds import (
     MAX_USD,
     MAX_WEIGHT,
 )
-from orchestrator.policy.enums import Market, ProviderName
+from orchestrator.policy.enums import InterconnectNeed, Market, ProviderName
 from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.notifications import Notifications
 from orchestrator.policy.providers import ProviderSettings
@@ -160,6 +160,13 @@ class OfferingSpec(PolicyModel):
     max_nodes: int | None = Field(
         default=None, ge=0, le=MAX_NODES,
         description="Most nodes of this offering at once (unset: pool limit)."
+    )
+    interconnect: InterconnectNeed = Field(
+        default=InterconnectNeed.NONE,
+        description="Interconnect this offering must have (efa, rdma: EFA or GPUDirect-RDMA, any: "
+        "any GPU fabric, none: no requirement), checked against the provider catalogue; an "
+        "instance type without it is a policy error. A type the catalogue does not list is "
+        "planned as having it.",
     )
 
     @model_validator(mode="after")
@@ -607,6 +614,12 @@ class Policy(PolicyModel):
         default_factory=SpotChoice,
         description="Spot or on-demand, and which provider and region, per job by expected cost "
         "(see docs/simulator.md, 'Spot').",
+    )
+    multi_node_requires: InterconnectNeed = Field(
+        default=InterconnectNeed.NONE,
+        description="Interconnect every node of a job wider than one node must have (efa, rdma, "
+        "any; none: no requirement). Offerings without it are not used for such jobs; a policy "
+        "none of whose offerings has it is an error.",
     )
     notifications: Notifications = Field(
         default_factory=Notifications,

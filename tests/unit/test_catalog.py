@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.domain.offerings import BillingRule, Offering
+from orchestrator.policy.enums import Interconnect
 from orchestrator.policy.models import Market
 from providers import catalog
 from providers.catalog import (
@@ -123,6 +124,8 @@ def test_overrides_layer_over_the_bundle(tmp_path: Path, suffix: str) -> None:
     cheaper = replace(bundled, price_usd_hour=3.25)
     new = Offering("aws", "us-east-1", None, "p5.48xlarge", Market.SPOT, 8, 20.5, "H100", 192,
                    2048.0, BillingRule(60, 1))
+    # read back with its type's interconnect, from providers/data/interconnect.csv
+    new = replace(new, interconnect=Interconnect.EFA, interconnect_gbps=3200)
     assert write_overrides(path, [cheaper, new], price_date="2026-08-01") == 2
     assert set(load_overrides(path)) == {cheaper, new}
 
