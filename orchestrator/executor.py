@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from orchestrator.domain.nodes import Node, NodeState, OwnershipTags
 from orchestrator.domain.offerings import offering_from_key
-from orchestrator.domain.plan import Action, ActionReason, Drain, Hold, Launch, Plan, Terminate
+from orchestrator.domain.plan import Action, ActionReason, Drain, Launch, Plan, Terminate
 from orchestrator.domain.ports import (
     AuthError,
     CapacityError,
@@ -46,6 +46,7 @@ from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.instruments import LEAKED_COLLECTED
 from orchestrator.lifecycle import NodeEvent, transition
+from orchestrator.logs import log_context
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 
@@ -115,18 +116,18 @@ class Executor:
     def run(self, actions: Iterable[Action]) -> ExecutionReport:
         report = ExecutionReport()
         for action in actions:
-            try:
-                if isinstance(action, Launch):
-                    self._launch(action, report)
-                elif isinstance(action, Drain):
-                    self._drain(action, report)
-                elif isinstance(action, Terminate):
-                    self._terminate(action, report)
-                elif isinstance(action, Hold):
-                    continue
-            except ProviderError as exc:
-                report.errors.append(f"{exc.kind}: {exc}")
-                log.warning("%s failed: %s: %s", type(action).__name__, exc.kind, exc)
+            # Every line logged while carrying out an action names its node and decision.
+            with log_context(**_action_ids(action)):
+                try:
+                    if isinstance(action, Launch):
+                        self._launch(action, report)
+                    elif isinstance(action, Drain):
+                        self._drain(action, report)
+                    elif isinstance(action, Terminate):
+                        self._terminate(action, report)
+                except ProviderError as exc:
+                    report.errors.append(f"{exc.kind}: {exc}")
+                    log.warning("%s failed: %s: %s", type(action).__name__, exc.kind, exc)
         return report
 
     # -- launch --------------------------------------------------------------------------------
@@ -173,12 +174,16 @@ class Executor:
         node = self.store.get_node(node_id)
         if node is None or node.state is not NodeState.REQUESTED:
             return report
+        with log_context(policy=node.policy, node=node.id):
+            self._launch_stored(node, report, raise_transient=raise_transient)
+        return report
+
+    def _launch_stored(self, node: Node, report: ExecutionReport, *, raise_transient: bool) -> None:
         policy = self.policies.get(node.policy)
         gpu_model = next((s.gpu_model for s in (policy.offerings if policy else ())
                           if s.instance_type == node.instance_type and s.gpu_model), "")
         offering = offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
         self._call_launch(node, offering, report, raise_transient=raise_transient)
-        return report
 
     def _call_launch(self, node: Node, offering, report: ExecutionReport, *, raise_transient: bool = False) -> None:
         provider = self.providers.get(node.provider)
@@ -317,3 +322,9 @@ class Executor:
         report.terminated.append(action.instance_id)
         if action.reason is ActionReason.LEAKED:
             LEAKED_COLLECTED.labels(action.provider or "").inc()
+
+
+def _action_ids(action: Action) -> dict[str, str | None]:
+    """The log ids of an action: its policy, node and decision where it has them."""
+    return {"policy": getattr(action, "policy", None), "node": getattr(action, "node_id", None),
+            "decision": getattr(action, "decision_id", None)}

@@ -17,12 +17,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from orchestrator.domain.ports import Provider
@@ -30,10 +29,12 @@ from orchestrator.executor import Executor, ExecutorConfig
 from orchestrator.fabric.builtin import BuiltinFabric
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.instruments import InstrumentedProvider
+from orchestrator.logs import LogFormat
 from orchestrator.observe import Observer
 from orchestrator.policy.models import Policy, ProviderName, QueueSourceKind
 from orchestrator.policy.units import Duration
 from orchestrator.reconciler import Reconciler, ReconcilerConfig
+from orchestrator.settings_sources import SECRETS_DIR_VAR, file_sources
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store, default_sqlite_url
 
@@ -63,10 +64,18 @@ class Settings(BaseSettings):
     controller_url: str | None = Field(default=None,
                                        description="URL agents use to reach the controller; default from api_host/port.")
     log_level: str = Field(default="INFO", description="Python logging level.")
+    log_format: LogFormat = Field(
+        default=LogFormat.TEXT,
+        description="Log lines as text, or json: one object a line with time, level, logger, "
+                    "message and the policy/node/job/decision ids where known.")
     secret_key: SecretStr | None = Field(default=None,
                                          description="Key join tokens derive from; default a generated key file in state_dir.")
     local_boot_delay_s: float = Field(default=2.0, ge=0, description="Simulated boot time of local-provider nodes.")
     settings_file: Path | None = Field(default=None, description="YAML file these settings were read from.")
+    secrets_dir: Path | None = Field(
+        default=None,
+        description="Directory of secret files, one per setting named like its variable "
+                    "(BURST_SECRET_KEY), read after the BURST_* and BURST_*_FILE variables.")
     policy_files: list[Path] = Field(
         default_factory=list,
         description="Policies the control plane runs (workers and beat); default: the shipped default.")
@@ -101,11 +110,17 @@ class Settings(BaseSettings):
         env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("BURST_SETTINGS_FILE")
-        if path:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        return tuple(sources)
+        # Then BURST_*_FILE, BURST_SECRETS_DIR, BURST_SETTINGS_FILE (orchestrator.settings_sources).
+        return (init_settings, env_settings, *file_sources(settings_cls))
+
+    @model_validator(mode="after")
+    def _secrets_dir_from_the_variable(self) -> Settings:
+        # The directory is read before the settings file: one named only there would be ignored.
+        named = os.environ.get(SECRETS_DIR_VAR)
+        if self.secrets_dir is not None and (not named or Path(named) != self.secrets_dir):
+            raise ValueError(f"secrets_dir: set it with the {SECRETS_DIR_VAR} variable, which is "
+                             "read before the settings file")
+        return self
 
     @property
     def store_url(self) -> str:

@@ -22,9 +22,11 @@ from orchestrator.api.limits import BodyLimit, Rate, RateLimit
 from orchestrator.wiring import Runtime
 
 
-def create_app(runtime: Runtime, *, register_rate: Rate | None = None) -> FastAPI:
+def create_app(runtime: Runtime, *, register_rate: Rate | None = None,
+               broker_url: str | None = None) -> FastAPI:
     """The API application over a wired runtime; ``register_rate``: the per-source token
-    bucket of anonymous agent registrations (default: from the runtime's settings)."""
+    bucket of anonymous agent registrations (default: from the runtime's settings);
+    ``broker_url``: the Celery broker ``/readyz`` checks (the production API's; None: none)."""
     if register_rate is None:
         register_rate = Rate(runtime.settings.register_burst, runtime.settings.register_per_s)
     app = FastAPI(title="burst controller", version="0.1.0",
@@ -35,7 +37,7 @@ def create_app(runtime: Runtime, *, register_rate: Rate | None = None) -> FastAP
     app.include_router(agents.router(runtime))
     app.include_router(v1.router(runtime))
     app.include_router(reports.router(runtime))
-    app.include_router(health.router(runtime))
+    app.include_router(health.router(runtime, broker_url))
     ui.install(app, runtime)  # the web dashboard at /ui
     # The last added runs first: a flooding source is refused before its body is read.
     app.add_middleware(BodyLimit)

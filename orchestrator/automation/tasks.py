@@ -38,6 +38,7 @@ from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
 from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl
+from orchestrator.logs import log_context
 from orchestrator.notify.deliver import DeliveryFailed, NoTarget, attempt
 from orchestrator.notify.watch import check
 from orchestrator.reconciler import Reconciler
@@ -110,6 +111,11 @@ def tick(policy_name: str, replan: bool = False) -> dict:
     policy = rt.policies.get(policy_name)
     if policy is None:
         raise ValueError(f"policy_name: no policy named {policy_name!r} (running: {', '.join(rt.policies)})")
+    with log_context(policy=policy_name):
+        return _tick(rt, policy, policy_name, replan)
+
+
+def _tick(rt, policy, policy_name: str, replan: bool) -> dict:
     started = time.perf_counter()
     scope = f"policy:{policy_name}"
     # floor: if Redis lost its counter (a restart without persistence), tokens restart above the

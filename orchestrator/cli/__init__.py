@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli.cancel_cmd import cancel_command
+from orchestrator.cli.config_cmd import config_app
 from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
 from orchestrator.cli.pool_cmd import pool_app
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
@@ -58,6 +59,7 @@ app.add_typer(provider_app, name="provider")
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(pool_app, name="pool")
 app.add_typer(token_app, name="token")
+app.add_typer(config_app, name="config")
 app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)

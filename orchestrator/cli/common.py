@@ -16,7 +16,6 @@ Two rules every command keeps, both enforced here:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -92,6 +91,7 @@ def load_settings(**overrides: Any) -> Settings:
     """Settings from BURST_* variables / BURST_SETTINGS_FILE, with CLI overrides on top."""
     from pydantic import ValidationError
 
+    from orchestrator.settings_sources import SettingsSourceError
     from orchestrator.wiring import Settings
 
     try:
@@ -101,6 +101,8 @@ def load_settings(**overrides: Any) -> Settings:
             f"BURST_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
         )
         fail(f"bad settings: {problems}")
+    except SettingsSourceError as exc:
+        fail(f"bad settings: {exc}")
     except (OSError, ValueError) as exc:
         fail(f"bad settings file: {exc}")
 
@@ -205,13 +207,12 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, fmt: Any = "text") -> None:
+    """The process's log lines at ``level``, as text or JSON (``BURST_LOG_FORMAT``)."""
     # Plain logging (no rich handler): a log message is data and is written as it is.
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from orchestrator.logs import setup_logging as configure
+
+    configure(level, fmt)
 
 
 def age(seconds: float) -> str:

@@ -71,6 +71,7 @@ def worker_command(
     pool: Annotated[Pool, typer.Option("--pool", "-P", help="Execution pool.", case_sensitive=False)] = Pool.prefork,
     loglevel: Annotated[str | None, typer.Option("--loglevel", "-l", help="Log level (default BURST_LOG_LEVEL).")] = None,
     hostname: Annotated[str | None, typer.Option("--hostname", "-n", help="Worker node name, e.g. control@%h (default celery@%h).")] = None,
+    events: Annotated[bool, typer.Option("--events", "-E", help="Send Celery task events (started, succeeded, failed, retried), for Flower or `celery events` to monitor.")] = False,
 ) -> None:
     """Run a Celery worker of the control plane (ticks, reconcile, provider calls) until SIGTERM."""
     settings = _check_settings_and_policies()
@@ -88,7 +89,9 @@ def worker_command(
         argv += ["--concurrency", str(concurrency)]
     if hostname:
         argv += ["--hostname", hostname]
-    setup_logging(loglevel or settings.log_level)
+    if events:
+        argv.append("--task-events")
+    setup_logging(loglevel or settings.log_level, settings.log_format)
     code = module.app.start(argv)
     raise typer.Exit(code or 0)
 
@@ -105,7 +108,7 @@ def beat_command(
     except OSError as exc:
         fail(f"--schedule: cannot create {schedule.parent}: {exc}")
     module = _celery_app()
-    setup_logging(loglevel or settings.log_level)
+    setup_logging(loglevel or settings.log_level, settings.log_format)
     code = module.app.start(["beat", "--schedule", str(schedule),
                              "--loglevel", (loglevel or settings.log_level).upper()])
     raise typer.Exit(code or 0)
@@ -124,7 +127,7 @@ def api_command(
     settings = load_settings(api_host=host, api_port=port)
     load_policies(None, settings)
     _warn_embedded_defaults(settings)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     from orchestrator.automation.runtime import runtime
     from orchestrator.wiring import ProviderUnavailable
 
@@ -134,7 +137,7 @@ def api_command(
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - a store or configuration error, reported plainly
         fail(f"cannot start the API: {type(exc).__name__}: {exc}")
-    config = uvicorn.Config(create_app(rt), host=settings.api_host, port=settings.api_port,
+    config = uvicorn.Config(create_app(rt, broker_url=settings.broker_url), host=settings.api_host, port=settings.api_port,
                             log_level=getattr(logging, settings.log_level.upper(), logging.INFO),
                             access_log=False,
                             lifespan="off", proxy_headers=True)

@@ -38,7 +38,7 @@ def run_command(
     from orchestrator.wiring import ProviderUnavailable, build_runtime, credential_problems
 
     settings = load_settings(tick_s=tick, state_dir=state_dir, api_port=port)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     policies = load_policies(policy, settings)
     try:
         runtime = build_runtime(settings, policies)

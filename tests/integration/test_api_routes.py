@@ -8,6 +8,7 @@ and fails on a route this file does not check, so a new route cannot ship withou
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tests.integration.api_support import (
     Tokens,
     add_node,
     bearer,
+    served,
 )
 
 S = NodeState
@@ -348,3 +350,15 @@ def test_readyz_reports_the_store_and_its_migration(
         old.close()
         unreachable.close()
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_readyz_of_the_production_api_also_needs_the_broker(rt: Runtime) -> None:
+    with served(rt, broker_url="redis://127.0.0.1:6379/0") as client:
+        assert client.get("/readyz").json()["status"] == "ready"
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with served(rt, broker_url=f"redis://:hunter2@127.0.0.1:{port}/0") as client:
+        problem = assert_problem(client.get("/readyz"), 503)
+        assert problem["title"] == "broker unreachable" and "hunter2" not in str(problem)
+        assert client.get("/healthz").json() == {"status": "ok"}  # liveness does not depend on it
