@@ -16,7 +16,9 @@ Two kinds of holder:
   expiry. Among its workers the Redis leases (``orchestrator.automation.leader``) still decide.
 
 :meth:`Controller.observing_since` is the start of what this controller could have heard from
-agents: the later of its tenure of ``reconcile`` and the current API presence window
+agents: the later of its tenure of ``reconcile`` (restarted when no pass renewed it for longer
+than :func:`watch_gap`: a deployment whose workers were all down saw nothing meanwhile, though
+its lease outlived the outage) and the current API presence window
 (:mod:`orchestrator.store.presence`). The reconciler judges liveness and state timeouts from it.
 """
 
@@ -37,10 +39,21 @@ log = logging.getLogger(__name__)
 
 RECONCILE = "reconcile"
 MIN_TTL = timedelta(seconds=30)
+MIN_GAP = timedelta(seconds=10)
 
 
 def policy_scope(name: str) -> str:
     return f"policy:{name}"
+
+
+def watch_gap(tick_s: float) -> timedelta:
+    """The longest silence between two claims that still counts as watching throughout.
+
+    Twice the Celery reconcile period (three ticks) and then some, so ordinary lag never
+    restarts a watch (a watch restarted every pass would never let a timeout fire); a longer
+    silence means no pass could run (every worker down, the broker restarting, the process
+    paused), and time in it must not count against nodes."""
+    return max(MIN_GAP, timedelta(seconds=6 * tick_s))
 
 
 def lease_ttl(tick_s: float) -> timedelta:
@@ -84,10 +97,12 @@ class Claims:
 class Controller:
     """One controller's leases in the store; not thread-safe (one per driving thread)."""
 
-    def __init__(self, store: Store, holder: Holder, ttl: timedelta) -> None:
+    def __init__(self, store: Store, holder: Holder, ttl: timedelta,
+                 max_gap: timedelta | None = None) -> None:
         self.store = store
         self.holder = holder
         self.ttl = ttl
+        self.max_gap = max_gap  # see watch_gap; None: a tenure's watch never restarts
         self.held: dict[str, Lease] = {}
 
     def claim(self, scopes: list[str], now: datetime) -> Claims:
@@ -95,12 +110,17 @@ class Controller:
         claims = Claims()
         for scope in scopes:
             got = self.store.acquire_lease(scope, self.holder.id, now, self.ttl,
-                                           host=self.holder.host, pid=self.holder.pid)
+                                           host=self.holder.host, pid=self.holder.pid,
+                                           max_gap=self.max_gap)
             if not got.granted:
                 if self.held.pop(scope, None) is not None:
                     log.warning("lost the lease of %s to %s", scope, got.lease.holder)
                 claims.skipped[scope] = got.lease.holder
                 continue
+            if got.resumed_after is not None:
+                log.warning("%s: no pass for %.0fs (longer than %.0fs): what this controller "
+                            "observes counts again from now", scope,
+                            got.resumed_after.total_seconds(), self.max_gap.total_seconds())
             if got.new_tenure:
                 claims.new_tenures.append(scope)
                 if got.took_over:
@@ -141,4 +161,4 @@ class Controller:
         self.held.clear()
 
 
-__all__ = ["RECONCILE", "Claims", "Controller", "Holder", "lease_ttl", "policy_scope"]
+__all__ = ["RECONCILE", "Claims", "Controller", "Holder", "lease_ttl", "policy_scope", "watch_gap"]

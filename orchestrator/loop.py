@@ -33,7 +33,14 @@ from datetime import datetime
 from orchestrator.domain.plan import ActionReason, Decision, Terminate
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
-from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl, policy_scope
+from orchestrator.leadership import (
+    RECONCILE,
+    Controller,
+    Holder,
+    lease_ttl,
+    policy_scope,
+    watch_gap,
+)
 from orchestrator.notify.sender import NotificationSender
 from orchestrator.notify.watch import check
 from orchestrator.store.fence import StaleLeaderError
@@ -73,7 +80,7 @@ class ControlLoop:
         # (a restart runs it again at once, which is harmless).
         self._pruned_at: datetime | None = None
         self.controller = controller or Controller(
-            runtime.store, Holder.this_process("burst-run"), lease_ttl(tick_s))
+            runtime.store, Holder.this_process("burst-run"), lease_ttl(tick_s), watch_gap(tick_s))
         self._reported: dict[str, str] = {}
         # The loop's own notification sender, started with the first notification to send.
         self.notifier: NotificationSender | None = None

@@ -16,7 +16,9 @@ Two phases, as in Ray's autoscaler v2:
 * leaked instances (owned by our cluster, no live node record) older than the leak grace ->
   ``Terminate`` by instance id;
 * nodes stuck past a per-state timeout (data from :func:`orchestrator.lifecycle.state_timeouts`),
-  joined nodes whose agent went silent, failed nodes with an instance -> ``Terminate``;
+  joined nodes whose agent went silent, failed nodes with an instance -> ``Terminate``; a draining
+  node whose agent confirmed the release (and so stopped heartbeating) is closed as ``drained``,
+  never failed, when no planner tick terminated it within the heartbeat timeout;
 * ``requested`` nodes whose launch outcome was never recorded -> the same ``Launch`` again (same
   request id, so the provider creates nothing twice).
 
@@ -209,6 +211,12 @@ class Reconciler:
                 # A heartbeat sent while nobody listened was lost by us, not by the node.
                 last = max(last, observing_since + HEARD_WITHIN)
             if now - last >= policy.timeouts.heartbeat:
+                if node.state is NodeState.DRAINING and node.released:
+                    # Its agent confirmed the drain and exited: the silence is expected, not a
+                    # failure. The planner terminates released nodes each tick; when no tick ran
+                    # for a heartbeat timeout (workers down, broker restarting), close it here as
+                    # drained instead of failing a node that did everything right.
+                    return [Terminate(node.id, ActionReason.DRAINED)]
                 return [Terminate(node.id, ActionReason.HEARTBEAT_LOST)]
         if node.state is NodeState.FAILED and node.instance_id is not None:
             return [Terminate(node.id, ActionReason.FAILED)]

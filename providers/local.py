@@ -308,12 +308,12 @@ class LocalProvider:
         """The instance as it is now; a process found dead is recorded as terminated. Locked."""
         if record["state"] == "pending" and record["pid"] is None:
             self._resolve_pending(record)
-        if record["state"] != "terminated":
+        if record["state"] == "running":
             self._reap(record["id"])
             if not _node_alive(record["pid"], record["create_time"]):
                 self._mark_terminated(record)
         state = (
-            InstanceState.TERMINATED if record["state"] == "terminated" else InstanceState.RUNNING
+            InstanceState.RUNNING if record["state"] == "running" else InstanceState.TERMINATED
         )
         return Instance(
             id=record["id"],
@@ -325,7 +325,13 @@ class LocalProvider:
         )
 
     def _resolve_pending(self, record: dict[str, Any]) -> None:
-        """A pid-less record seen under the lock is a launch that died mid-way: find its process."""
+        """A pid-less record seen under the lock is a launch that died mid-way: find its process.
+
+        With no process, nothing was ever created (the launcher died before or while spawning):
+        the record is removed, as a cloud forgets a launch that never ran, so the launch repeated
+        with the same request id starts a node. Marked terminated instead, that retry would get
+        a dead instance back, and a node launched onto it would "vanish" at once (the Celery
+        chaos run found this after a worker was killed mid-launch)."""
         for proc in psutil.process_iter(["pid", "environ"]):
             env = proc.info.get("environ") or {}
             if env.get("BURST_INSTANCE_ID") == record["id"]:
@@ -334,7 +340,11 @@ class LocalProvider:
                     self._write(record)
                     log.warning("adopted orphaned node process %d as %s", proc.pid, record["id"])
                     return
-        self._mark_terminated(record)
+        log.warning("launch %s of request %s died before its node started: forgotten",
+                    record["id"], record["request_id"])
+        for suffix in (".json", ".user-data"):
+            self._path(record["id"], suffix).unlink(missing_ok=True)
+        record.update(state="never-started")
 
     def _mark_terminated(self, record: dict[str, Any]) -> None:
         record.update(state="terminated", terminated_at=time.time())
@@ -419,10 +429,13 @@ class LocalProvider:
         return self._instances_dir / f"{instance_id}{suffix}"
 
     def _records(self) -> list[dict[str, Any]]:
+        """Every instance record, half-done launches settled first (adopted or forgotten). Locked."""
         records = []
         for path in sorted(self._instances_dir.glob("lcl-*.json")):
             record = self._read(path.name.removesuffix(".json"))
-            if record is not None:
+            if record is not None and record["state"] == "pending" and record["pid"] is None:
+                self._resolve_pending(record)
+            if record is not None and record["state"] != "never-started":
                 records.append(record)
         return records
 

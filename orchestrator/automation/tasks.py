@@ -37,7 +37,7 @@ from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
 from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
-from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl
+from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl, watch_gap
 from orchestrator.logs import log_context
 from orchestrator.notify.deliver import DeliveryFailed, NoTarget, attempt
 from orchestrator.notify.watch import check
@@ -57,7 +57,7 @@ def controller() -> Controller:
     if ctl is None:
         ctl = rt.extras["controller"] = Controller(
             rt.store, Holder.deployment("celery", rt.settings.broker_url),
-            lease_ttl(rt.settings.tick_s))
+            lease_ttl(rt.settings.tick_s), watch_gap(rt.settings.tick_s))
     return ctl
 
 

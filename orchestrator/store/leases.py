@@ -8,7 +8,8 @@ whatever process or machine they run in: the store is the one thing they all sha
 an embedded loop has none).
 
 * ``acquire_lease``: take a free or expired lease (a new tenure: token + 1, ``acquired_at`` now),
-  renew our own (same token, same tenure), or report the live holder (not granted). A holder that
+  renew our own (same token, same tenure; after a silence over ``max_gap`` the tenure's watch
+  restarts, ``acquired_at`` now), or report the live holder (not granted). A holder that
   names its host and pid is *process-bound*: a contender on the same host whose pid is gone takes
   over at once, so a restarted ``burst run`` need not wait out the TTL of the one killed before it.
 * ``release_lease``: give it up on a clean stop (only our own tenure; a successor's is untouched).
@@ -75,6 +76,7 @@ class LeaseClaim:
     lease: Lease
     new_tenure: bool = False
     took_over: str | None = None  # a dead process-bound holder we replaced before its expiry
+    resumed_after: timedelta | None = None  # a renewal after a silence over max_gap: watch restarts
 
 
 def _lease(row: sa.Row[Any]) -> Lease:
@@ -98,12 +100,18 @@ class Leases(StoreBase):
     """The lease methods of the Store."""
 
     def acquire_lease(self, scope: str, holder: str, now: datetime, ttl: timedelta, *,
-                      host: str | None = None, pid: int | None = None) -> LeaseClaim:
+                      host: str | None = None, pid: int | None = None,
+                      max_gap: timedelta | None = None) -> LeaseClaim:
         """Take, renew or be refused the lease of ``scope`` for ``ttl`` from ``now``.
 
         ``host``/``pid``: given, the lease is bound to that process (see the module docstring).
         An expired lease taken again by the same holder starts a new tenure: it was away longer
         than its lease, so what it observed before says nothing about now.
+
+        ``max_gap``: a renewal more than this after the previous one keeps the tenure (same token)
+        but restarts its watch (``acquired_at`` = now): the holder was away that long (every
+        worker of a deployment down, its broker restarting), so it saw nothing meanwhile, even
+        though its lease had not expired yet.
         """
         require_aware(now, "now")
         if not scope or not holder:
@@ -126,6 +134,10 @@ class Leases(StoreBase):
                 took_over = current.holder
             values = {"renewed_at": now, "expires_at": now + ttl, "host": host, "pid": pid}
             renewal = current.holder == holder and current.live(now)
+            resumed_after = None
+            if renewal and max_gap is not None and now - current.renewed_at > max_gap:
+                resumed_after = now - current.renewed_at
+                values["acquired_at"] = now
             if not renewal:
                 floor = conn.execute(sa.select(T.fences.c.token).where(
                     T.fences.c.scope == lease_fence_scope(scope))).scalar() or 0
@@ -136,7 +148,8 @@ class Leases(StoreBase):
             if not renewal:
                 # Fence the predecessor out now, not at our first write: its next write fails.
                 lease.fence.check(conn)
-        return LeaseClaim(True, lease, new_tenure=not renewal, took_over=took_over)
+        return LeaseClaim(True, lease, new_tenure=not renewal, took_over=took_over,
+                          resumed_after=resumed_after)
 
     def release_lease(self, lease: Lease, now: datetime) -> bool:
         """Give up ``lease`` if its tenure is still the current one; False otherwise. The row

@@ -59,6 +59,34 @@ def test_expired_lease_taken_again_by_its_holder_is_a_new_tenure(store: Store) -
     assert back.lease.acquired_at == T0 + timedelta(minutes=5)
 
 
+def test_a_renewal_after_a_long_silence_restarts_the_watch_not_the_tenure(store: Store) -> None:
+    """A deployment whose workers were all down for longer than max_gap, but shorter than its
+    lease, keeps its tenure (same token: its fenced writes stay valid) while what it observed
+    counts again from its return (the Celery chaos run failed a node on a launch timeout that ran
+    while no worker could launch or reconcile)."""
+    gap = timedelta(seconds=10)
+    store.acquire_lease("reconcile", "celery", T0, TTL, max_gap=gap)
+    steady = store.acquire_lease("reconcile", "celery", T0 + timedelta(seconds=10), TTL, max_gap=gap)
+    assert steady.resumed_after is None and steady.lease.acquired_at == T0
+    back_at = T0 + timedelta(seconds=37)  # 27 s of silence; the lease (30 s) still lives
+    back = store.acquire_lease("reconcile", "celery", back_at, TTL, max_gap=gap)
+    assert back.granted and not back.new_tenure and back.lease.token == 1
+    assert back.resumed_after == timedelta(seconds=27) and back.lease.acquired_at == back_at
+    # Without max_gap (callers that never pause), the tenure's start stands.
+    store.acquire_lease("policy:p", "x", T0, TTL)
+    plain = store.acquire_lease("policy:p", "x", T0 + timedelta(seconds=27), TTL)
+    assert plain.resumed_after is None and plain.lease.acquired_at == T0
+
+
+def test_the_watch_gap_is_never_tighter_than_twice_the_reconcile_period() -> None:
+    from orchestrator.leadership import MIN_GAP, watch_gap
+
+    # Never tighter than twice the Celery reconcile period (three ticks).
+    for tick_s in (0.5, 1.0, 2.0, 10.0, 30.0):
+        assert watch_gap(tick_s) >= timedelta(seconds=2 * 3 * tick_s)
+        assert watch_gap(tick_s) >= MIN_GAP
+
+
 def test_release_frees_the_lease_and_only_our_tenure(store: Store) -> None:
     a = store.acquire_lease("reconcile", "a", T0, TTL).lease
     assert store.release_lease(a, T0 + timedelta(seconds=1))

@@ -275,6 +275,33 @@ def test_concurrent_launches_of_one_request_from_two_processes(state_dir, marker
     assert len(instances_with(marker)) == 1
 
 
+def test_a_launch_that_died_before_its_node_started_is_forgotten(
+    make_provider, state_dir, marker
+) -> None:
+    """The launcher killed between writing the record and spawning the node (a Celery worker
+    SIGKILLed mid-launch): nothing was created, so the record goes, and the launch repeated with
+    the same request id starts a node instead of handing back a dead instance."""
+    provider = make_provider()
+    req = request()
+
+    def die_before_spawning(instance_id: str, user_data: Path):
+        raise SystemExit("killed")  # what the process saw last: the pending record on disk
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provider, "_spawn", die_before_spawning)
+        with pytest.raises(SystemExit):
+            provider.launch(req)
+    [pending] = records(state_dir)
+    assert pending["state"] == "pending" and pending["pid"] is None
+
+    fresh = make_provider()  # the next worker's view of the same fleet
+    assert fresh.list_owned("lab") == []
+    assert records(state_dir) == []
+    [instance] = fresh.launch(req)
+    assert instance.state is InstanceState.RUNNING and instance.id != pending["id"]
+    wait_for(lambda: len(instances_with(marker)) == 1, timeout=30, what="one instance process")
+
+
 def test_list_owned_filters_by_cluster(make_provider) -> None:
     provider = make_provider()
     [a] = provider.launch(request(cluster="lab"))

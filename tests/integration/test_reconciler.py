@@ -253,6 +253,44 @@ def test_heartbeat_loss(rig: Rig) -> None:
     assert rig.transitions("n1")[-2:] == [("ready", "failed"), ("failed", "terminating")]
 
 
+def test_a_launch_lost_while_every_worker_was_down_is_relaunched_not_failed(rig: Rig) -> None:
+    """The launch task vanished with a restarted broker and no pass ran for longer than the
+    watch gap (but less than the lease): the node's launch timeout counts from the return, so
+    the reconciler re-issues the launch instead of failing the node (Celery chaos run)."""
+    from orchestrator.leadership import RECONCILE, Controller, Holder
+
+    gap = timedelta(seconds=60)
+    ctl = Controller(rig.store, Holder.deployment("celery", "redis://test"),
+                     ttl=rig.policy.timeouts.launch * 2, max_gap=gap)
+    ctl.claim([RECONCILE], rig.now)
+    node = record_intent(rig)
+    away = rig.policy.timeouts.launch + timedelta(seconds=1)  # no pass meanwhile
+    back = rig.now + away
+    ctl.claim([RECONCILE], back)
+    assert ctl.observing_since(back) == back
+    assert _terminations(rig, back, ctl.observing_since(back)) == []
+    relaunch = [a for a in rig.reconciler.step(back, ctl.observing_since(back))
+                if isinstance(a, Launch)]
+    assert [(a.node_id, a.request_id) for a in relaunch] == [(node.id, node.request_id)]
+    # Judged from the tenure's start instead (the old rule), the node was failed at once.
+    assert _terminations(rig, back, back - away) == [(node.id, ActionReason.LAUNCH_TIMEOUT)]
+
+
+def test_released_node_is_closed_as_drained_not_failed(rig: Rig) -> None:
+    """An agent that confirmed its drain exits and stops heartbeating: when no planner tick
+    terminated the node within the heartbeat timeout (workers down), the reconciler closes it as
+    drained; the node never passes through ``failed`` (the Celery chaos run found this)."""
+    launched(rig, 1, S.BOOTING, S.JOINING, S.READY, last_heartbeat=rig.now)
+    rig.move("n1", S.DRAINING, released=True)
+    rig.clock.advance(rig.policy.timeouts.heartbeat.total_seconds() - 1)
+    assert corrective(rig) == []
+    rig.clock.advance(1)
+    assert corrective(rig) == [("terminate", "n1", ActionReason.DRAINED, None)]
+    rig.reconcile()
+    assert S.FAILED not in {to for _, to in rig.transitions("n1")}
+    assert rig.transitions("n1")[-1] == ("draining", "terminating")
+
+
 def test_failed_node_with_an_instance_is_terminated(rig: Rig) -> None:
     node = launched(rig, 1, S.FAILED)
     assert corrective(rig) == [("terminate", "n1", ActionReason.FAILED, None)]
