@@ -100,6 +100,8 @@ def load_sqlite(store: Store, total: int) -> None:
                 batch.clear()
         if batch:
             conn.execute(insert, batch)
+    store.rebuild_cost_rollups()  # loaded around write_ledger: the roll-ups as an upgrade builds
+    with store.engine.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
 
 
@@ -113,10 +115,13 @@ def load_pg(store: Store, total: int) -> None:
         raw.commit()
     finally:
         raw.close()
+    store.rebuild_cost_rollups()  # loaded around write_ledger: the roll-ups as an upgrade builds
     # What autovacuum does to a table that grows by inserts: statistics, and the visibility map
     # that lets the covering indexes answer without visiting the table.
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("VACUUM ANALYZE cost_lines")
+        conn.exec_driver_sql("VACUUM ANALYZE cost_rollup_hours")
+        conn.exec_driver_sql("VACUUM ANALYZE cost_rollup_days")
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float, object]:

@@ -8,8 +8,10 @@ The roll-up (``orchestrator.costs.ledger``) owns the maths; this module owns the
   mark, in one transaction. It compares first and writes nothing when nothing changed, so
   running a roll-up twice writes nothing the second time; lines are upserted on their unique
   ``line_key``, so two roll-ups racing on one subject converge instead of failing;
-* grouped sums over ``cost_lines`` (``GROUP BY`` in SQL, integers for money), the spend of a
-  window, and the nodes whose cost the ledger has not reached yet (for budgets).
+* grouped sums over the cost roll-ups (:mod:`orchestrator.store.rollups`, kept in the
+  transaction that writes the lines) or, for groupings they do not carry, over ``cost_lines``
+  (``GROUP BY`` in SQL, integers for money), the spend of a window, and the nodes whose cost the
+  ledger has not reached yet (for budgets).
 
 Times are passed in, never read from a clock.
 """
@@ -27,6 +29,7 @@ from sqlalchemy import Connection
 from orchestrator.domain.costs import NO_PROJECT, NONE, CostKind, CostLine, JobUsage
 from orchestrator.domain.jobs import Placement
 from orchestrator.domain.nodes import NodeState
+from orchestrator.store import rollups
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
@@ -253,6 +256,9 @@ class Ledger(StoreBase):
             if _diff(conn, subject, since, wanted, mark) is None:
                 return 0, 0  # nothing changed: no write transaction (and no write lock) at all
         with self._write() as conn:
+            # One writer of a subject at a time (on PostgreSQL; SQLite's write lock is whole):
+            # the old lines the roll-ups lose below must be the ones this transaction replaces.
+            rollups.lock_subject(conn, subject)
             # Re-read the mark under the write transaction (locked on PostgreSQL): a newer roll-up
             # may have finalised buckets after this one read its mark. Final buckets are never
             # rewritten, so this run writes only from the mark as it stands now.
@@ -267,7 +273,7 @@ class Ledger(StoreBase):
             diff = _diff(conn, subject, since, wanted, mark)
             if diff is None:
                 return 0, 0
-            stale, changed, move_mark = diff
+            stale, changed, move_mark, have = diff
             for chunk in _chunks(sorted(stale)):
                 conn.execute(sa.delete(T.cost_lines).where(_c.line_key.in_(chunk)))
             if changed:
@@ -278,6 +284,9 @@ class Ledger(StoreBase):
                           for name in (*_LINE_FIELDS, "day", "rolled_at") if name != "line_key"})
                 rows = [{**_line_values(wanted[key]), "rolled_at": at} for key in sorted(changed)]
                 conn.execute(stmt, rows)
+            rollups.apply_changes(
+                conn, self._insert, [have[k] for k in sorted(stale | (changed & set(have)))],
+                [wanted[k] for k in sorted(changed)])
             if move_mark:
                 m = T.ledger_marks.c
                 stmt = self._insert(T.ledger_marks).values(subject=subject, final_through=mark,
@@ -292,6 +301,12 @@ class Ledger(StoreBase):
                 conn.execute(stmt)
         return len(changed), len(stale)
 
+    def rebuild_cost_rollups(self) -> tuple[int, int]:
+        """Rebuild the hour and day roll-ups from the lines (what migration 0014 did on upgrade;
+        for lines loaded around ``write_ledger``, e.g. by a bulk load). Returns their row counts."""
+        with self._write() as conn:
+            return rollups.rebuild(conn)
+
     def set_ledger_mark(self, subject: str, mark: datetime, at: datetime) -> None:
         """Advance ``subject``'s mark to ``mark`` (never backwards) without touching lines."""
         self.write_ledger(subject, [], since=mark, mark=mark, at=at)
@@ -300,19 +315,29 @@ class Ledger(StoreBase):
 
     def cost_sums(self, group_by: Sequence[str], *, since: datetime | None = None,
                   until: datetime | None = None, projects: Collection[str] | None = None,
-                  pool: str | None = None, users: Collection[str] | None = None
-                  ) -> list[CostSums]:
+                  pool: str | None = None, users: Collection[str] | None = None,
+                  from_lines: bool = False) -> list[CostSums]:
         """Sums of the lines whose bucket starts in [since, until), grouped by ``group_by`` (keys
         of :data:`GROUP_COLUMNS`; none: one group of everything), ordered by the keys (a key of
         None, lines of no project or user, after the named ones). ``projects``: only these
         (None: every project); ``users``: only lines of these users (None: everyone's). An
-        unknown name matches nothing: no groups, not an error."""
+        unknown name matches nothing: no groups, not an error.
+
+        Read from the roll-ups when every key is one they carry
+        (:data:`~orchestrator.store.rollups.ROLLUP_KEYS`), else from the lines;
+        ``from_lines``: from the lines whatever the keys (the same sums: what tests compare)."""
         unknown = [k for k in group_by if k not in GROUP_COLUMNS]
         if unknown:
             raise ValueError(f"group_by: unknown key(s) {unknown}; choose from "
                              f"{', '.join(GROUP_COLUMNS)}")
         if (projects is not None and not projects) or (users is not None and not users):
             return []
+        if not from_lines and rollups.ROLLUP_KEYS.issuperset(group_by):
+            with self._read() as conn:
+                groups = rollups.rollup_sums(conn, group_by, since=since, until=until,
+                                             projects=projects, pool=pool, users=users)
+            return sorted((_rollup_row(k, v) for k, v in groups.items()),
+                          key=lambda s: key_order(s.keys))
         burst = _c.kind != CostKind.ONPREM.value
         keys = [GROUP_COLUMNS[k].label(f"k{i}") for i, k in enumerate(group_by)]
         query = sa.select(
@@ -349,13 +374,13 @@ class Ledger(StoreBase):
 
     def ledger_cost_micros(self, *, since: datetime, until: datetime, pool: str | None = None,
                            project: str | None = None) -> int:
-        """Micro-dollars of burst (not on-prem) lines whose bucket starts in [since, until)."""
-        query = sa.select(sa.func.coalesce(sa.func.sum(_c.cost_micros), 0)) \
-            .where(_c.kind != CostKind.ONPREM.value)
-        query = _window(query, require_aware(since, "since"), require_aware(until, "until"),
-                        None if project is None else [project], pool)
+        """Micro-dollars of burst (not on-prem) lines whose bucket starts in [since, until),
+        from the roll-ups."""
         with self._read() as conn:
-            return int(conn.execute(query).scalar() or 0)
+            groups = rollups.rollup_sums(
+                conn, (), since=require_aware(since, "since"), until=require_aware(until, "until"),
+                projects=None if project is None else [project], pool=pool, users=None)
+        return groups[()][0] if groups else 0
 
     def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None
                              ) -> list[AccrualNode]:
@@ -403,6 +428,13 @@ class Ledger(StoreBase):
             return [float(p) for p in conn.execute(query).scalars()]
 
 
+def _rollup_row(keys: tuple[str | None, ...], sums: list[int]) -> CostSums:
+    cost, idle, onprem, equiv, gpu_us, instance_us, lines = sums
+    return CostSums(keys=keys, cost_micros=cost, idle_micros=idle, onprem_micros=onprem,
+                    onprem_equiv_micros=equiv, gpu_seconds=gpu_us / 1e6,
+                    instance_seconds=instance_us / 1e6, lines=lines)
+
+
 def key_order(keys: Sequence[str | None]) -> tuple[tuple[bool, str], ...]:
     """Sort key of a group's keys: by code point, a None (no project, no user) after the names."""
     return tuple((k is None, k or "") for k in keys)
@@ -446,9 +478,9 @@ def _spans(conn: Connection, node_ids: Sequence[str]
 
 
 def _diff(conn: Connection, subject: str, since: datetime, wanted: dict[str, CostLine],
-          mark: datetime | None) -> tuple[set[str], set[str], bool] | None:
+          mark: datetime | None) -> tuple[set[str], set[str], bool, dict[str, CostLine]] | None:
     """What :meth:`Ledger.write_ledger` must do: (keys to delete, keys to upsert, advance the
-    mark?), or None for nothing."""
+    mark?, the lines as they are now), or None for nothing."""
     rows = conn.execute(sa.select(T.cost_lines).where(_c.subject == subject,
                                                       _c.period_start >= since)).all()
     have = {r.line_key: _line_from_row(r) for r in rows}
@@ -459,7 +491,7 @@ def _diff(conn: Connection, subject: str, since: datetime, wanted: dict[str, Cos
     move_mark = mark is not None and (current is None or mark > current)
     if not stale and not changed and not move_mark:
         return None
-    return stale, changed, move_mark
+    return stale, changed, move_mark, have
 
 
 __all__ = ["GROUP_COLUMNS", "ONPREM_SUBJECT", "AccrualNode", "CostSums", "Ledger", "LedgerNode",

@@ -344,6 +344,43 @@ class CostLineRow(Base):
     rolled_at: Mapped[datetime]
 
 
+class _CostRollupColumns:
+    """What both cost roll-ups keep per bucket and group (``orchestrator.store.rollups``): the
+    group's keys (project and user: "" for a line of none, so the key can be unique) and the
+    sums of its lines, money in integer micro-dollars, seconds in integer micro-seconds (sums
+    that add and subtract exactly, whatever the order)."""
+
+    project: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    user: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    provider: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    pool: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    cost_micros: Mapped[int] = mapped_column(sa.BigInteger)  # burst lines: usage, idle, minimum
+    idle_micros: Mapped[int] = mapped_column(sa.BigInteger)
+    onprem_micros: Mapped[int] = mapped_column(sa.BigInteger)
+    onprem_equiv_micros: Mapped[int] = mapped_column(sa.BigInteger)
+    gpu_us: Mapped[int] = mapped_column(sa.BigInteger)  # GPU-seconds of burst lines, x 1e6
+    instance_us: Mapped[int] = mapped_column(sa.BigInteger)
+    lines: Mapped[int] = mapped_column(sa.BigInteger)  # 0: every line of the group is gone
+
+
+class CostHourRow(_CostRollupColumns, Base):
+    """The cost lines of one hour bucket summed per project, user, provider, pool and policy."""
+
+    __tablename__ = "cost_rollup_hours"
+
+    period_start: Mapped[datetime] = mapped_column(primary_key=True)
+    day: Mapped[str] = mapped_column(sa.String(10))  # UTC date of period_start
+
+
+class CostDayRow(_CostRollupColumns, Base):
+    """The cost lines of one UTC day summed per project, user, provider, pool and policy."""
+
+    __tablename__ = "cost_rollup_days"
+
+    day: Mapped[str] = mapped_column(sa.String(10), primary_key=True)
+
+
 class LedgerMarkRow(Base):
     """How far the ledger is final for one node (or ``onprem:<pool>``): buckets before
     ``final_through`` are never recomputed."""
@@ -522,6 +559,8 @@ fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
 pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]
 cost_lines: sa.Table = CostLineRow.__table__  # type: ignore[assignment]
 ledger_marks: sa.Table = LedgerMarkRow.__table__  # type: ignore[assignment]
+cost_rollup_hours: sa.Table = CostHourRow.__table__  # type: ignore[assignment]
+cost_rollup_days: sa.Table = CostDayRow.__table__  # type: ignore[assignment]
 api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
 tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
 fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]
