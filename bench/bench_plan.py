@@ -69,7 +69,7 @@ def as_columns(snapshot: Snapshot) -> Snapshot:
     queues = {}
     for name, queue in snapshot.queues.items():
         rows = [(j.id, j.project, j.gpus, j.priority, j.submitted_at, j.duration_s,
-                 j.checkpoint_s, j.user) for j in queue.pending]
+                 j.checkpoint_s, j.user, j.dataset_gb) for j in queue.pending]
         queues[name] = dataclasses.replace(queue, pending=PendingColumns.from_rows(name, rows))
     return dataclasses.replace(snapshot, queues=queues)
 

@@ -53,7 +53,8 @@ class Placement(StrEnum):
 class Job:
     """A unit of queued work. ``duration_s`` is the expected runtime (time limit), if known;
     ``checkpoint_s`` how often it saves a checkpoint it can resume from (its annotation; None:
-    the policy's default for its project)."""
+    the policy's default for its project); ``dataset_gb`` the GB of data a burst must stage
+    for it (its annotation; None: its project's or pool's ``storage``)."""
 
     id: str
     project: str | None
@@ -65,3 +66,4 @@ class Job:
     state: JobState = JobState.PENDING
     checkpoint_s: float | None = None
     user: str | None = None
+    dataset_gb: float | None = None

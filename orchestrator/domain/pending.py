@@ -38,9 +38,9 @@ __all__ = ["ROW_FIELDS", "JobsView", "PendingColumns", "columns_of"]
 # The fields of one row for :meth:`PendingColumns.from_rows`, in order, unless the caller names
 # its own (``fields=``: a query's column names, extra ones ignored; missing ones take defaults).
 ROW_FIELDS = ("id", "project", "gpus", "priority", "submitted_at", "duration_s", "checkpoint_s",
-              "user")
+              "user", "dataset_gb")
 _DEFAULTS: dict[str, Any] = {"priority": 0, "duration_s": None, "checkpoint_s": None,
-                             "user": None}
+                             "user": None, "dataset_gb": None}
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -98,18 +98,19 @@ class PendingColumns(Sequence[Job]):
     """Pending jobs of one pool as parallel arrays, row ``i`` being the ``i``-th job of the queue.
 
     ``gpus``, ``priority``: int64; ``project``: int64 codes into ``projects`` (a name, or None:
-    no project); ``submitted_us``: int64; ``duration_s``, ``checkpoint_s``: float64, NaN when
-    unknown; ``user``: int64 codes into ``users`` (None: not known); ``ids``: the job ids (str).
+    no project); ``submitted_us``: int64; ``duration_s``, ``checkpoint_s``, ``dataset_gb``:
+    float64, NaN when unknown; ``user``: int64 codes into ``users`` (None: not known); ``ids``: the job ids (str).
     ``pool``: the pool every job belongs to.
     """
 
-    __slots__ = ("_counts", "_jobs", "checkpoint_s", "duration_s", "gpus", "ids", "pool",
+    __slots__ = ("_counts", "_jobs", "checkpoint_s", "dataset_gb", "duration_s", "gpus", "ids",
+                 "pool",
                  "priority", "project", "projects", "submitted_us", "user", "users")
 
     def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
                  project: Any, gpus: Any, priority: Any, submitted_us: Any, duration_s: Any,
                  checkpoint_s: Any = None, users: Sequence[str | None] = (None,),
-                 user: Any = None):
+                 user: Any = None, dataset_gb: Any = None):
         self.pool = pool
         self.ids: tuple[str, ...] = tuple(ids)
         self.projects: tuple[str, ...] = tuple(projects)
@@ -121,10 +122,12 @@ class PendingColumns(Sequence[Job]):
         n = len(self.ids)
         self.checkpoint_s = _frozen(np.full(n, np.nan) if checkpoint_s is None else checkpoint_s,
                                     np.float64)
+        self.dataset_gb = _frozen(np.full(n, np.nan) if dataset_gb is None else dataset_gb,
+                                  np.float64)
         self.users: tuple[str | None, ...] = tuple(users)
         self.user = _frozen(np.zeros(n, dtype=np.int64) if user is None else user, np.int64)
         for name in ("project", "gpus", "priority", "submitted_us", "duration_s", "checkpoint_s",
-                     "user"):
+                     "user", "dataset_gb"):
             column = getattr(self, name)
             if column.shape != (n,):
                 raise ValueError(f"pending column {name!r} has shape {column.shape}, not ({n},)")
@@ -165,7 +168,7 @@ class PendingColumns(Sequence[Job]):
         return cls(pool, column["id"], projects, project_codes, column["gpus"],
                    [0 if p is None else p for p in priority] if None in priority else priority,
                    _micros(column["submitted_at"]), _seconds(get("duration_s")),
-                   _seconds(get("checkpoint_s")), users, user_codes)
+                   _seconds(get("checkpoint_s")), users, user_codes, _seconds(get("dataset_gb")))
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[Job], pool: str | None = None) -> PendingColumns:
@@ -174,7 +177,8 @@ class PendingColumns(Sequence[Job]):
         if pool is None:
             pool = jobs[0].pool if jobs else ""
         made = cls.from_rows(pool, [(j.id, j.project, j.gpus, j.priority, j.submitted_at,
-                                     j.duration_s, j.checkpoint_s, j.user) for j in jobs])
+                                     j.duration_s, j.checkpoint_s, j.user, j.dataset_gb)
+                                    for j in jobs])
         made._jobs.update(enumerate(jobs))  # the jobs as given (state, tz) are what job(i) returns
         return made
 
@@ -193,11 +197,13 @@ class PendingColumns(Sequence[Job]):
             index %= len(self.ids)
             duration = float(self.duration_s[index])
             checkpoint = float(self.checkpoint_s[index])
+            dataset = float(self.dataset_gb[index])
             job = Job(self.ids[index], self.projects[int(self.project[index])], self.pool,
                       int(self.gpus[index]), from_us(int(self.submitted_us[index])),
                       int(self.priority[index]), None if math.isnan(duration) else duration,
                       checkpoint_s=None if math.isnan(checkpoint) else checkpoint,
-                      user=self.users[int(self.user[index])])
+                      user=self.users[int(self.user[index])],
+                      dataset_gb=None if math.isnan(dataset) else dataset)
             self._jobs[index] = job
         return job
 

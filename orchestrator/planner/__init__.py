@@ -67,6 +67,7 @@ from orchestrator.planner.demand import (
 )
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
+from orchestrator.planner import staging
 from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.placement import MULTI_NODE, NO_INTERCONNECT, WIDER_THAN_LIMIT
@@ -248,8 +249,19 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         held = _held_gpus(nodes, snapshot.burst_runs)
         chooser = (SpotChooser(policy, ranked, snapshot.offering_health)
                    if policy.spot.by_expected_cost else None)
-        grants, held_list = grant_nodes(policy, demand.unmet, ranked, budget, held, demand.burst,
+        # Data staging (pool/project storage, job annotations): jobs whose data would take
+        # longer to stage than their predicted on-prem wait are not burst (:mod:`.staging`).
+        unmet, staged = demand.unmet, None
+        if queue is not None and staging.applies(policy, unmet):
+            staged = staging.review(policy, unmet, demand.ordered, demand.onprem_absorbed, queue,
+                                    now)
+            unmet = staged.kept
+        grants, held_list = grant_nodes(policy, unmet, ranked, budget, held, demand.burst,
                                         books, rank_for=chooser.rank if chooser else None)
+        if staged is not None:
+            inputs["staging"] = staged.inputs(staging.granted_rates(policy, staged, grants))
+            if staged.held:
+                held_list = [*held_list, staging.HELD_BY]
         held_back = tuple(held_list)
         launches = _launches(policy, grants, did, ActionReason.DEMAND)
         chosen = ranked[0].offering.key
@@ -268,6 +280,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         else:
             rule = Rule.LIMITED
             summary = f"{demand.unmet_gpus} unmet GPU(s) but held back by {', '.join(held_back)}"
+        if staged is not None and staged.held:
+            summary += f"; {staged.text()}"
         if MULTI_NODE in held_back:
             widest = max(c.offering.gpus for c in candidates)
             wide = _wider_than(demand.unmet, widest)

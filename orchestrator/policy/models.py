@@ -36,6 +36,7 @@ from orchestrator.policy.enums import InterconnectNeed, Market, ProviderName
 from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.notifications import Notifications
 from orchestrator.policy.providers import ProviderSettings
+from orchestrator.policy.storage import Storage
 
 
 class QueueSourceKind(StrEnum):
@@ -72,6 +73,10 @@ class Pool(PolicyModel):
 
     name: Name = Field(description="Pool name; jobs name the pool they belong to.")
     onprem: OnPrem = Field(description="On-prem capacity of the pool.")
+    storage: Storage | None = Field(
+        default=None,
+        description="Where the pool's data and checkpoints live and what moving them to the cloud "
+        "costs (docs/fabric.md \"Data and checkpoints\"); unset: bursting moves no data.")
 
 
 class QueueConfig(PolicyModel):
@@ -348,6 +353,9 @@ class Project(PolicyModel):
         description="How often the project's jobs save a checkpoint they can resume from after "
         "a spot interruption (a job's own annotation wins; unset: spot.checkpoint_every).",
     )
+    storage: Storage | None = Field(
+        default=None,
+        description="The project's data and checkpoints: replaces pool.storage for its jobs.")
 
     @model_validator(mode="after")
     def _positive_interval(self) -> Project:
@@ -714,6 +722,13 @@ class Policy(PolicyModel):
                 return p.checkpoint_every.total_seconds()
         default = self.spot.checkpoint_every
         return default.total_seconds() if default is not None else None
+
+    def storage_for(self, project: str | None) -> Storage | None:
+        """The storage a project's jobs stage from: its own ``storage``, else ``pool.storage``."""
+        for p in self.projects:
+            if p.name == project and p.storage is not None:
+                return p.storage
+        return self.pool.storage
 
     def project_quota(self, name: str) -> int | None:
         """Most burst GPUs the project may hold, or None for no per-project limit."""

@@ -149,6 +149,27 @@ def job_checkpoint_s(job: dict[str, Any]) -> float | None:
     return seconds
 
 
+DATASET_ANNOTATION = re.compile(r"(?:^|[\s,;])burst\.dataset_gb=(\S+?)(?=$|[\s,;])")
+
+
+def job_dataset_gb(job: dict[str, Any]) -> float | None:
+    """GB of data a burst must stage for the job, annotated in its Slurm comment as
+    ``burst.dataset_gb=500``; None when it gives none or an unreadable one (logged: the job then
+    takes its project's or pool's ``storage``)."""
+    found = DATASET_ANNOTATION.search(str(job.get("comment") or ""))
+    if found is None:
+        return None
+    try:
+        size = float(found.group(1))
+    except ValueError:
+        size = -1.0
+    if not (0 <= size < float("inf")):
+        log.warning("job %s: comment burst.dataset_gb=%s is not a size in GB of 0 or more; "
+                    "ignored", job.get("job_id"), found.group(1))
+        return None
+    return size
+
+
 def job_gpus(job: dict[str, Any]) -> int:
     """GPUs a job asks for in all (per node x nodes, per job, or per task x tasks)."""
     per_node = gres_count(job.get("tres_per_node"))
@@ -208,7 +229,8 @@ def pending_jobs(jobs: Iterable[dict[str, Any]], pool: str, partition: str | Non
                 id=base_id if tasks == 1 else f"{base_id}_{index}",
                 project=project, pool=pool, gpus=gpus, submitted_at=submitted,
                 priority=int(job.get("priority") or 0), duration_s=duration,
-                state=JobState.PENDING, user=user, checkpoint_s=job_checkpoint_s(job)))
+                state=JobState.PENDING, user=user, checkpoint_s=job_checkpoint_s(job),
+                dataset_gb=job_dataset_gb(job)))
     return out
 
 

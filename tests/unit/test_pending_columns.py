@@ -47,7 +47,7 @@ def _jobs(specs) -> tuple:
 def _rows(jobs, naive: bool = False) -> list[tuple]:
     return [(j.id, j.project, j.gpus, j.priority,
              j.submitted_at.replace(tzinfo=None) if naive else j.submitted_at, j.duration_s,
-             j.checkpoint_s, j.user) for j in jobs]
+             j.checkpoint_s, j.user, j.dataset_gb) for j in jobs]
 
 
 def _as_columns(snapshot):

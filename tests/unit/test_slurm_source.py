@@ -148,6 +148,19 @@ def test_job_gpus_of_each_request_form():
     assert job_gpus(by_id(17)) == 0
 
 
+def test_a_job_annotates_its_dataset_size_in_its_comment():
+    from orchestrator.sources.slurm import job_dataset_gb, pending_jobs
+
+    assert job_dataset_gb({"comment": "burst.dataset_gb=500"}) == 500.0
+    assert job_dataset_gb({"comment": "burst.checkpoint_every=30m burst.dataset_gb=2.5"}) == 2.5
+    assert job_dataset_gb({"comment": "nothing here"}) is None
+    assert job_dataset_gb({"job_id": 7, "comment": "burst.dataset_gb=-3"}) is None
+    assert job_dataset_gb({"job_id": 7, "comment": "burst.dataset_gb=lots"}) is None
+    assert job_dataset_gb({"job_id": 7, "comment": "burst.dataset_gb=nan"}) is None
+    jobs = [dict(j, comment="burst.dataset_gb=40") for j in JOBS]
+    assert {j.dataset_gb for j in pending_jobs(jobs, "gpu", "gpu")} == {40.0}
+
+
 def test_a_job_annotates_its_checkpoint_interval_in_its_comment():
     from orchestrator.sources.slurm import job_checkpoint_s
 
