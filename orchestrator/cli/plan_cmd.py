@@ -122,11 +122,18 @@ def render_plan(result: Plan) -> None:
         out.print(Text.assemble(("why: ", "bold"), decision.summary), soft_wrap=True)
         inputs = Table(title="inputs", show_header=False, box=None)
         for key, value in decision.inputs.items():
-            shown = owners_text(value) if key == "unmet_by_owner" else str(value)
+            if key == "unmet_by_owner":
+                shown = owners_text(value)
+            elif key == "staging" and isinstance(value, dict):
+                shown = staging_text(value)
+            else:
+                shown = str(value)
             inputs.add_row(Text(str(key)), Text(shown))
         out.print(inputs)
         if decision.options:
             out.print(optimizer_table(decision))
+        if isinstance(decision.inputs.get("staging"), dict):
+            out.print(staging_table(decision.inputs["staging"]))
         if decision.held_back_by:
             out.print(Text.assemble(("held back by: ", "yellow"), ", ".join(decision.held_back_by)),
                       soft_wrap=True)
@@ -149,6 +156,42 @@ def render_plan(result: Plan) -> None:
         out.print(actions)
     else:
         out.print("no actions")
+
+
+def staging_text(staging: dict) -> str:
+    """``inputs.staging`` as a line: jobs weighed, held, and the egress of those burst."""
+    jobs = staging.get("jobs") or {}
+    return (f"{len(jobs)} job(s) weighed, {staging.get('held_jobs', 0)} not burst for staging; "
+            f"egress ${float(staging.get('egress_usd') or 0):.2f} (table below)")
+
+
+def _seconds_text(value: object) -> str:
+    return "never (model)" if value is None else f"{float(value):.0f}s"  # type: ignore[arg-type]
+
+
+def staging_table(staging: dict) -> Table:
+    """Per job weighed for a burst: the data it stages and how long that takes, its predicted
+    on-prem wait, the egress (GB and $), and the compute cost of its node share."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="data staging per job")
+    table.add_column("job", overflow="fold")
+    for col in ("data GB", "staging", "on-prem wait", "egress GB", "egress $", "compute $",
+                "total $"):
+        table.add_column(col, justify="right")
+    table.add_column("burst")
+    for job, row in (staging.get("jobs") or {}).items():
+        money = ("compute_usd", "total_usd")
+        compute, total = (f"{row[k]:.2f}" if row.get(k) is not None else "-" for k in money)
+        verdict = (Text("yes", "green") if row.get("burst")
+                   else Text("no: staging > on-prem wait", "yellow"))
+        table.add_row(Text(str(job)), f"{row.get('dataset_gb', 0):g}",
+                      _seconds_text(row.get("staging_s")),
+                      _seconds_text(row.get("predicted_onprem_start_s")),
+                      f"{row.get('egress_gb', 0):g}", f"{row.get('egress_usd', 0):.2f}", compute,
+                      total, verdict)
+    return table
 
 
 def optimizer_table(decision) -> Table:

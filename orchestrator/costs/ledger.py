@@ -13,6 +13,9 @@ work) up to ``now``:
 * Idempotent: a second run at the same ``now`` writes nothing (the store compares first); two
   runs at once converge (lines are upserted on their unique key; a mark never moves back).
 
+Jobs that ran on a burst node of a policy declaring ``storage`` also get an ``egress`` line (data
+staged in, checkpoints brought back; :mod:`orchestrator.costs.egress`).
+
 Nodes get lines from their own row (price captured at launch, project, offering, GPUs), whether
 their policy is still loaded or not. The billing rule comes from the provider's offering
 (``billing``, by offering key) and defaults to per second with a one-minute minimum (AWS and GCP
@@ -35,6 +38,7 @@ from orchestrator.costs.attribution import (
     node_lines,
     onprem_lines,
 )
+from orchestrator.costs.egress import egress_lines
 from orchestrator.domain.costs import JobUsage
 from orchestrator.domain.offerings import BillingRule, Offering
 from orchestrator.policy.models import Policy
@@ -91,6 +95,7 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     require_aware(now, "now")
     loaded = list(policies.values() if isinstance(policies, Mapping) else policies)
     rates = onprem_rates(loaded)
+    by_name = {p.name: p for p in loaded}
     billing = billing or {}
     nodes = pools = written = deleted = 0
     skipped: list[str] = []
@@ -108,7 +113,7 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     for node in launched:
         try:
             w, d = _roll_node(store, node, usages.get(node.node_id, []), rates, billing, now,
-                              settle)
+                              settle, by_name.get(node.policy))
         except ValueError as exc:
             # Bad data in one node (a negative price) must not stop the ledger of every other.
             log.warning("cost roll-up skipped node %s: %s", node.node_id, exc)
@@ -150,7 +155,8 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
 
 def _roll_node(store: Store, node: LedgerNode, jobs: list[JobUsage],
                rates: Mapping[str, tuple[str, Decimal]], billing: Mapping[str, BillingRule],
-               now: datetime, settle: timedelta) -> tuple[int, int]:
+               now: datetime, settle: timedelta, policy: Policy | None = None
+               ) -> tuple[int, int]:
     assert node.launched is not None
     if node.ended is None and node.state.is_terminal:
         node = replace(node, ended=node.state_since)  # terminated without its event: trust the row
@@ -166,8 +172,15 @@ def _roll_node(store: Store, node: LedgerNode, jobs: list[JobUsage],
         # The ledger is final past its end already: only the mark may have to catch up.
         return store.write_ledger(node.node_id, [], since=start, mark=final, at=now)
     lines = node_lines(billed, jobs, start=start, until=until, final_through=final)
+    if policy is not None and _moves_data(policy):
+        lines += egress_lines(billed, jobs, policy.storage_for, start=start, until=until,
+                              final_through=final)
     return store.write_ledger(node.node_id, lines, since=node.mark or _EPOCH,
                               mark=final if final > start else None, at=now)
+
+
+def _moves_data(policy: Policy) -> bool:
+    return policy.pool.storage is not None or any(p.storage is not None for p in policy.projects)
 
 
 def _billing(node: LedgerNode, rates: Mapping[str, tuple[str, Decimal]],

@@ -19,6 +19,7 @@ class CostKind(StrEnum):
     IDLE = "idle"  # GPU-seconds of a burst node no job used (booting, joining, idle, draining)
     MINIMUM = "minimum"  # what the billing rule adds beyond the time lived: minimum and rounding
     ONPREM = "onprem"  # amortised cost of work that ran on-prem (pool.onprem.gpu_hour_usd)
+    EGRESS = "egress"  # a burst job's data staged in and checkpoints brought back (storage)
 
 
 NO_PROJECT = "-"  # lines of nodes launched for no project (min_nodes, pre-warm)

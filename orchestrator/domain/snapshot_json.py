@@ -97,6 +97,7 @@ _BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
     (Job, "gpus"): (1, bounds.MAX_JOB_GPUS),
     (Job, "priority"): (-bounds.MAX_PRIORITY, bounds.MAX_PRIORITY),
     (Job, "duration_s"): (0, MAX_DURATION_S),
+    (Job, "dataset_gb"): (0, 10_000_000),  # 10 PB, as pool.storage.datasets[].size_gb
     (OnPremRelease, "gpus"): (1, bounds.MAX_JOB_GPUS),
     (OnPremState, "total_gpus"): (0, bounds.MAX_POOL_GPUS),
     (OnPremState, "free_gpus"): (0, bounds.MAX_POOL_GPUS),

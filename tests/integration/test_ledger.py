@@ -178,6 +178,33 @@ def test_shared_node_splits_between_projects_and_reports_idle(store: Store) -> N
     assert [r["job"] for r in jobs][0] == "-" and len(jobs) == 3
 
 
+def test_egress_is_its_own_line_per_job_run_and_written_once(store: Store) -> None:
+    # The pool stages 1000 GB and brings 50 GB of checkpoints back at $0.09/GB: $94.50 a run;
+    # nlp's own storage stages 10 GB at $0.10/GB: $1.00.
+    policy = make_policy(
+        pool={"name": POOL, "onprem": {"nodes": 1, "gpus_per_node": 8}, "storage": {
+            "datasets": [{"uri": "nfs://fs/a", "size_gb": 600}, {"uri": "nfs://fs/b",
+                                                                  "size_gb": 400}],
+            "checkpoints": "s3://ckpt/x", "checkpoint_size_gb": 50, "egress_usd_per_gb": 0.09}},
+        projects=[{"name": "nlp", "storage": {"datasets": [{"uri": "s3://nlp/d", "size_gb": 10}],
+                                              "egress_usd_per_gb": 0.1}}])
+    launch(store, "n1", T0, price=36.0, project="vision")
+    run_job(store, "vision", 4, T0 + 5 * M, T0 + 50 * M, node_id="n1")
+    run_job(store, "nlp", 2, T0 + H + 5 * M, T0 + H + 20 * M, node_id="n1")
+    run_job(store, "vision", 4, T0 + 10 * M, None, node_id=None)  # on-prem: moves nothing
+    terminate(store, "n1", T0 + 2 * H)
+    roll_up(store, [policy], T0 + 3 * H)
+
+    egress = [(x.period_start, x.project, x.cost_micros, x.final)
+              for x in store.ledger_lines("n1") if x.kind is CostKind.EGRESS]
+    assert egress == [(T0, "vision", 94_500_000, True), (T0 + H, "nlp", 1_000_000, True)]
+    assert roll_up(store, [policy], T0 + 3 * H).lines_written == 0  # idempotent
+    assert ("vision", "egress", "94.50") in rows(store, GroupKey.PROJECT, GroupKey.KIND)
+    # The node's own bill is untouched: egress comes on top of price x lived time.
+    compute = sum(x.cost_micros for x in store.ledger_lines("n1") if x.kind is not CostKind.EGRESS)
+    assert compute == bill(36.0, 2 * H)
+
+
 def test_minimum_billing_is_charged_once_where_termination_is_confirmed(store: Store) -> None:
     launch(store, "short", T0 + 59 * M + 55 * SEC, project=None)
     terminate(store, "short", T0 + H + 5 * SEC)  # lived 10 s across the hour
