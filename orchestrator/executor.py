@@ -202,6 +202,7 @@ class Executor:
             controller_lease_s=(policy.timeouts.controller_lease.total_seconds() if policy
                                 else DEFAULT_CONTROLLER_LEASE_S),
             self_terminate=getattr(provider, "self_terminate_command", None) or "",
+            checkpoint_uri=_checkpoint_uri(policy, node.project),
         )
         tags = OwnershipTags(policy.cluster if policy else "burst", node.policy, node.id, node.request_id)
         request = LaunchRequest(node.request_id, offering, tags, bootstrap.render())
@@ -328,3 +329,10 @@ def _action_ids(action: Action) -> dict[str, str | None]:
     """The log ids of an action: its policy, node and decision where it has them."""
     return {"policy": getattr(action, "policy", None), "node": getattr(action, "node_id", None),
             "decision": getattr(action, "decision_id", None)}
+
+
+def _checkpoint_uri(policy: Policy | None, project: str | None) -> str:
+    """Where a node's jobs write checkpoints: ``storage.checkpoints`` of the node's project (else
+    the pool's); empty when the policy declares none."""
+    storage = policy.storage_for(project) if policy is not None else None
+    return (storage.checkpoints or "") if storage is not None else ""

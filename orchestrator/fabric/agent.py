@@ -793,6 +793,8 @@ class Agent:
         env.update(
             BURST_JOB_ID=spec.id, BURST_NODE_ID=self.boot.node_id, BURST_JOB_GPUS=str(spec.gpus)
         )
+        if self.boot.checkpoint_uri:  # storage.checkpoints: where the job saves (and uploads)
+            env[ENV_NAMES["checkpoint_uri"]] = self.boot.checkpoint_uri
         if spec.gpus > 0:
             # The GPUs this run holds: what its readings are attributed to.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self._held_gpus(spec))
@@ -958,6 +960,8 @@ class Agent:
         if not isinstance(spec, dict):
             return None
         try:
+            if self.boot.checkpoint_uri:  # torchrun's workers save there (BURST_CHECKPOINT_URI)
+                spec = {**spec, "checkpoint_uri": self.boot.checkpoint_uri}
             self.member = _make_member(spec, self.work_dir)
             self.member.start()
         except (OSError, ValueError, KeyError) as exc:

@@ -52,6 +52,7 @@ ENV_NAMES = {
     "heartbeat_s": "BURST_HEARTBEAT_S",
     "controller_lease_s": "BURST_CONTROLLER_LEASE_S",
     "self_terminate": "BURST_SELF_TERMINATE",
+    "checkpoint_uri": "BURST_CHECKPOINT_URI",
 }
 
 DEFAULT_CONTROLLER_LEASE_S = 1800.0  # the policy's timeouts.controller_lease default (30m)
@@ -76,13 +77,16 @@ class Bootstrap:
     # and runs ``self_terminate`` (a shell command; empty: the provider gives no way to).
     controller_lease_s: float = DEFAULT_CONTROLLER_LEASE_S
     self_terminate: str = ""
+    # Where the node's jobs write checkpoints (the policy's ``storage.checkpoints`` for the
+    # node's project, else the pool's; empty: none declared). Jobs get it as BURST_CHECKPOINT_URI.
+    checkpoint_uri: str = ""
 
     def __post_init__(self) -> None:
         for name in _REQUIRED_TEXT:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"bootstrap field {name!r} must be a non-empty string")
-        for name in ("gpu_model", "self_terminate"):
+        for name in ("gpu_model", "self_terminate", "checkpoint_uri"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"bootstrap field {name!r} must be a string")  # noqa: TRY004
         if not self.controller_url.startswith(("http://", "https://")):
@@ -196,8 +200,9 @@ class Bootstrap:
         values: dict[str, object] = {
             name: env[ENV_NAMES[name]] for name in (*_REQUIRED_TEXT, "gpu_model")
         }
-        if ENV_NAMES["self_terminate"] in env:
-            values["self_terminate"] = env[ENV_NAMES["self_terminate"]]
+        for name in ("self_terminate", "checkpoint_uri"):
+            if ENV_NAMES[name] in env:
+                values[name] = env[ENV_NAMES[name]]
         try:
             values["gpus"] = int(env[ENV_NAMES["gpus"]])
             for name in ("boot_delay_s", "heartbeat_s", "controller_lease_s"):
@@ -215,5 +220,5 @@ class Bootstrap:
             f"gpus={self.gpus!r}, gpu_model={self.gpu_model!r}, "
             f"boot_delay_s={self.boot_delay_s!r}, heartbeat_s={self.heartbeat_s!r}, "
             f"controller_lease_s={self.controller_lease_s!r}, "
-            f"self_terminate={self.self_terminate!r})"
+            f"self_terminate={self.self_terminate!r}, checkpoint_uri={self.checkpoint_uri!r})"
         )

@@ -76,6 +76,8 @@ def elastic_env(spec: dict[str, Any], elastic_dir: Path, node_id: str = "",
     if spec.get("checkpoint_port"):
         env["BURST_CHECKPOINT_PORT"] = str(spec["checkpoint_port"])
     env["BURST_NODE_ID"] = node_id
+    if spec.get("checkpoint_uri"):  # storage.checkpoints, from the node's bootstrap
+        env["BURST_CHECKPOINT_URI"] = str(spec["checkpoint_uri"])
     env.pop("BURST_JOIN_TOKEN", None)
     return env
 

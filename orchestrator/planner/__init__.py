@@ -8,7 +8,9 @@ Per policy and tick, in order: drains and terminations (:mod:`.scaledown`); abso
 jobs into on-prem and existing burst capacity (:mod:`.demand`); with ``trigger.wait_slo`` (set in
 the shipped default), the wait-aware split of the unmet jobs into those due to burst now and those
 left to on-prem or to later (:mod:`.wait`); the trigger with its
-``sustained_for`` hysteresis; the cooldown; then launches within every limit (:mod:`.scaleup`);
+``sustained_for`` hysteresis; the cooldown; with data to stage (``storage``, job annotations), the
+jobs whose staging would outlast their predicted on-prem wait are held (:mod:`.staging`); then
+launches within every limit (:mod:`.scaleup`);
 then an operator's pre-warm floor (:func:`_prewarm`), which launches what the floor still lacks.
 Budgets (:mod:`.budgets`) are checked by every launch, which carries the spend it commits; a
 budget past its drain grade drains its scope's ready nodes.

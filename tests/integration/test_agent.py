@@ -273,7 +273,7 @@ def test_registers_heartbeats_and_runs_jobs(
             {"id": "job-fail", "command": "exit 3", "duration_s": None, "gpus": 1},
         ]
     )
-    agent = start_agent()
+    agent = start_agent({"checkpoint_uri": "s3://ckpt/lab"})  # storage.checkpoints
     wait_for(lambda: len(controller.finished) == 3, what="three jobs to finish")
 
     [register] = controller.of("/v1/agent/register")
@@ -306,6 +306,7 @@ def test_registers_heartbeats_and_runs_jobs(
     assert (agent.work_dir / "jobs" / "job-cmd.log").read_text() == "to-the-log\n"
     job_env = env_dump.read_text()
     assert "BURST_JOB_ID=job-cmd" in job_env and controller.join_token not in job_env
+    assert "BURST_CHECKPOINT_URI=s3://ckpt/lab" in job_env.splitlines()
 
     # Heartbeats keep coming while a job runs, naming it; and at the configured pace.
     last_finish = max(c.at for c in controller.calls if c.path.endswith("/finish"))

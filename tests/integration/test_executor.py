@@ -23,7 +23,7 @@ from orchestrator.domain.ports import (
 from orchestrator.fabric.bootstrap import Bootstrap
 from orchestrator.fabric.tokens import token_hash
 from orchestrator.store import Store
-from tests.builders import CONTROLLER_URL, Rig, make_rig, offering_of
+from tests.builders import CONTROLLER_URL, Rig, make_policy, make_rig, offering_of
 
 S = NodeState
 PROVIDER = "aws"
@@ -70,6 +70,23 @@ def test_launch_records_intent_then_outcome(rig: Rig) -> None:
     assert rig.store.consume_join_token("n1", token_hash(token), rig.now) == "ok"
     other, _, _ = rig.tokens.issue("n2", action.request_id, node.created_at)
     assert rig.store.consume_join_token("n1", token_hash(other), rig.now) == "wrong-token"
+
+
+def test_the_bootstrap_carries_the_checkpoint_location_of_the_nodes_project(store: Store) -> None:
+    storage = {"datasets": [{"uri": "nfs://fs/d", "size_gb": 1}], "checkpoints": "s3://ckpt/pool"}
+    policy = make_policy(pool={"name": "gpu", "onprem": {"nodes": 0, "gpus_per_node": 8},
+                               "storage": storage},
+                         projects=[{"name": "research", "storage": {
+                             "checkpoints": "gs://research-ckpt/runs"}}])
+    rig = make_rig(store, policy=policy)
+    rig.executor.run([rig.launch_action(1), rig.launch_action(2, project="vision")])
+    boots = {r.request_id: Bootstrap.parse(r.user_data) for r in rig.provider.calls_of("launch")}
+    assert boots["r-n1"].checkpoint_uri == "gs://research-ckpt/runs"
+    assert boots["r-n2"].checkpoint_uri == "s3://ckpt/pool"  # no storage of its own: the pool's
+    bare = make_rig(store, policy=make_policy(name="bare"))
+    bare.executor.run([bare.launch_action(3)])
+    [request] = bare.provider.calls_of("launch")
+    assert Bootstrap.parse(request.user_data).checkpoint_uri == ""
 
 
 def test_same_launch_twice_launches_once(rig: Rig) -> None:

@@ -103,3 +103,6 @@ def test_torchrun_gets_the_pitfall_free_command_and_environment(tmp_path):
     assert env["BURST_ELASTIC_DIR"] == str(tmp_path) and "BURST_JOIN_TOKEN" not in env
     other = elastic_env({**job, "local_addr": "10.0.0.5"}, tmp_path, base={})
     assert "GLOO_SOCKET_IFNAME" not in other
+    assert "BURST_CHECKPOINT_URI" not in other
+    stored = elastic_env({**job, "checkpoint_uri": "s3://ckpt/run"}, tmp_path, base={})
+    assert stored["BURST_CHECKPOINT_URI"] == "s3://ckpt/run"

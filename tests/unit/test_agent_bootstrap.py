@@ -99,6 +99,18 @@ def test_exports_reach_the_environment(tmp_path) -> None:
     assert Bootstrap.from_env(json.loads(out)) == boot
 
 
+def test_the_checkpoint_location_round_trips_and_is_exported(tmp_path) -> None:
+    boot = make(checkpoint_uri="s3://ckpt/team a/$run")
+    assert Bootstrap.parse(boot.render()) == boot
+    head = boot.render().split(BLOCK_BEGIN)[0]
+    script = tmp_path / "head.sh"
+    script.write_text(head + 'printf %s "$BURST_CHECKPOINT_URI"\n')
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True).stdout
+    assert out == "s3://ckpt/team a/$run"
+    with pytest.raises(ValueError, match="checkpoint_uri"):
+        make(checkpoint_uri=3)
+
+
 def replace_json(text: str, document: object) -> str:
     lines = text.splitlines()
     start = lines.index(BLOCK_BEGIN) + 2
