@@ -42,7 +42,7 @@ from orchestrator.domain.ports import (
     TransientError,
 )
 from orchestrator.domain.snapshot import CapacityBlock
-from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap
+from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap, NodeInstall
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.instruments import LEAKED_COLLECTED
 from orchestrator.lifecycle import NodeEvent, transition
@@ -80,6 +80,10 @@ class ExecutorConfig:
     capacity_backoff: timedelta = timedelta(minutes=3)  # Karpenter's ICE cache TTL
     quota_backoff: timedelta = timedelta(minutes=30)
     boot_delay_s: float = 0.0
+    # How cloud nodes (providers with ``cloud_init``) install burst, and the agent's settings
+    # their cloud-config writes; None: they get the plain bootstrap script, as local nodes do.
+    node_install: NodeInstall | None = None
+    node_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class Executor:
@@ -205,7 +209,11 @@ class Executor:
             checkpoint_uri=_checkpoint_uri(policy, node.project),
         )
         tags = OwnershipTags(policy.cluster if policy else "burst", node.policy, node.id, node.request_id)
-        request = LaunchRequest(node.request_id, offering, tags, bootstrap.render())
+        if getattr(provider, "cloud_init", False) and self.config.node_install is not None:
+            user_data = bootstrap.render_cloud_config(self.config.node_install, self.config.node_env)
+        else:
+            user_data = bootstrap.render()
+        request = LaunchRequest(node.request_id, offering, tags, user_data)
         try:
             instances = provider.launch(request)
         except CapacityError as exc:

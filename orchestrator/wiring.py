@@ -26,6 +26,8 @@ from pydantic_settings import (
 
 from orchestrator.domain.ports import Provider
 from orchestrator.executor import Executor, ExecutorConfig
+from orchestrator import __version__
+from orchestrator.fabric.bootstrap import NodeInstall
 from orchestrator.fabric.builtin import BuiltinFabric
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.instruments import InstrumentedProvider
@@ -95,6 +97,17 @@ class Settings(BaseSettings):
     register_per_s: float = Field(
         default=2.0, gt=0, le=1_000_000,
         description="Registrations a second refilled per client address.")
+    node_package: str = Field(
+        default="",
+        description="What cloud nodes pip-install for the agent: a requirement or a wheel URL; "
+                    "default burst==<this version> (from node_wheel_dir's URL when that is set).")
+    node_index_url: str = Field(
+        default="", description="Package index cloud nodes install burst from (pip --index-url); "
+                                "default pip's own.")
+    node_wheel_dir: Path | None = Field(
+        default=None,
+        description="Directory of burst wheels the API serves to cloud nodes at "
+                    "/v1/agent/wheels/NAME; set, nodes install this version's wheel from there.")
     decision_retention: Duration = Field(
         default=timedelta(days=30),
         description="How long decisions are kept after they were last made (like 30d or 12h); "
@@ -121,6 +134,14 @@ class Settings(BaseSettings):
             raise ValueError(f"secrets_dir: set it with the {SECRETS_DIR_VAR} variable, which is "
                              "read before the settings file")
         return self
+
+    def node_install(self, controller_url: str | None = None) -> NodeInstall:
+        """How cloud nodes install burst (this controller's version, pinned)."""
+        package = self.node_package
+        if not package and self.node_wheel_dir is not None:
+            url = (controller_url or self.agent_url()).rstrip("/")
+            package = f"{url}/v1/agent/wheels/burst-{__version__}-py3-none-any.whl"
+        return NodeInstall(__version__, package, self.node_index_url)
 
     @property
     def store_url(self) -> str:
@@ -344,7 +365,10 @@ def build_runtime(
     fabric = _fabric(store, policy_map, clock, BuiltinFabric(queue))
     tokens = JoinTokens(settings.secret())
     executor = Executor(store, providers, fabric, clock, tokens, policy_map,
-                        ExecutorConfig(controller_url=controller_url or settings.agent_url()))
+                        ExecutorConfig(controller_url=controller_url or settings.agent_url(),
+                                       node_install=settings.node_install(controller_url),
+                                       node_env={"BURST_LOG_LEVEL": settings.log_level,
+                                                 "BURST_LOG_FORMAT": settings.log_format.value}))
     reconciler = Reconciler(store, fabric, policy_map, reconciler_config or ReconcilerConfig())
     observer = Observer(store, queue_source(store, policy_map, queue), providers,
                         catalogue_overrides(settings), policies=policy_map.values(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from orchestrator.api import agents, health, problems, reports, ui, v1
+from orchestrator.api import agents, health, problems, reports, ui, v1, wheels
 from orchestrator.api.limits import BodyLimit, Rate, RateLimit
 from orchestrator.wiring import Runtime
 
@@ -38,6 +38,7 @@ def create_app(runtime: Runtime, *, register_rate: Rate | None = None,
     app.include_router(v1.router(runtime))
     app.include_router(reports.router(runtime))
     app.include_router(health.router(runtime, broker_url))
+    app.include_router(wheels.router(runtime.settings.node_wheel_dir))
     ui.install(app, runtime)  # the web dashboard at /ui
     # The last added runs first: a flooding source is refused before its body is read.
     app.add_middleware(BodyLimit)

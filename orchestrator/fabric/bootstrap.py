@@ -1,10 +1,16 @@
 """Node bootstrap: the user-data document a burst node boots with.
 
-The controller renders a :class:`Bootstrap` into a small bash script. Cloud providers hand it to
-cloud-init as user-data; the local provider writes it to a file for the agent process. The script
-exports the values as ``BURST_*`` environment variables and execs ``burst agent``; the same values
-sit, JSON-encoded, in a marked block that :meth:`Bootstrap.parse` reads back, so the agent never has
-to interpret shell.
+The controller renders a :class:`Bootstrap` into a small bash script (:meth:`Bootstrap.render`).
+The local provider writes it to a file for the agent process. The script exports the values as
+``BURST_*`` environment variables and execs ``burst agent``; the same values sit, JSON-encoded,
+in a marked block that :meth:`Bootstrap.parse` reads back, so the agent never has to interpret
+shell.
+
+Cloud providers get a ``#cloud-config`` document instead (:meth:`Bootstrap.render_cloud_config`,
+infra/bootstrap/cloud-config.yaml.tmpl): it writes that script to ``/etc/burst/bootstrap.sh``,
+the agent's settings and its systemd unit, installs the pinned burst (:class:`NodeInstall`: from
+a package index, or a wheel the controller serves) unless the image has it, and starts the unit.
+:meth:`Bootstrap.parse` reads either document.
 
 Standard library only: this module is imported by the node agent on a bare cloud node.
 """
@@ -33,10 +39,42 @@ BLOCK_TERMINATOR = "BURST_BOOTSTRAP_JSON"
 TEMPLATE_NAME = "user-data.sh.tmpl"
 
 
+# The cloud-config a cloud node boots with, and the two files it writes besides the script.
+CLOUD_CONFIG_TEMPLATE = "cloud-config.yaml.tmpl"
+INSTALL_TEMPLATE = "install-burst.sh.tmpl"
+AGENT_UNIT = "burst-agent.service"
+CLOUD_CONFIG_HEADER = "#cloud-config"
+
+
 @functools.cache
+def template(name: str) -> str:
+    """A template of fabric/templates (links to infra/bootstrap/)."""
+    return (Path(__file__).parent / "templates" / name).read_text(encoding="utf-8")
+
+
 def script_template() -> str:
     """The user-data template text (see ``TEMPLATE_NAME``)."""
-    return (Path(__file__).parent / "templates" / TEMPLATE_NAME).read_text(encoding="utf-8")
+    return template(TEMPLATE_NAME)
+
+
+@dataclass(frozen=True)
+class NodeInstall:
+    """How a cloud node gets burst: ``pip install`` of ``package`` (default ``burst==VERSION``,
+    or a wheel's URL) from ``index_url`` (default pip's), checked to be ``version``."""
+
+    version: str
+    package: str = ""
+    index_url: str = ""
+
+    def pip_args(self) -> str:
+        args = ["--index-url", self.index_url] if self.index_url else []
+        return " ".join(shlex.quote(a) for a in (*args, self.package or f"burst=={self.version}"))
+
+
+def _block(text: str, indent: int = 6) -> str:
+    """``text`` as the body of a YAML literal block (``|``) at ``indent`` spaces."""
+    pad = " " * indent
+    return "\n".join(pad + line if line else "" for line in text.rstrip("\n").split("\n"))
 
 
 # Bootstrap field -> environment variable the script exports (and from_env reads back).
@@ -128,6 +166,28 @@ class Bootstrap:
             json=json.dumps(document, sort_keys=True),
         )
 
+    def render_cloud_config(self, install: NodeInstall,
+                            agent_env: Mapping[str, str] | None = None) -> str:
+        """The ``#cloud-config`` user-data of a cloud node (see the module docstring)."""
+        env = {"BURST_WORK_DIR": "/var/lib/burst/work", **(agent_env or {})}
+        setup = ("/usr/local/lib/burst/install-burst.sh && systemctl daemon-reload && "
+                 # --no-block: cloud-init's own unit is still running this command.
+                 "systemctl enable --now --no-block burst-agent.service")
+        if self.self_terminate:
+            # A node that cannot be set up must not idle on the bill until a timeout finds it.
+            setup += f" || {{ echo 'burst: node setup failed' >&2; {self.self_terminate}; }}"
+        return template(CLOUD_CONFIG_TEMPLATE).format(
+            node_id_comment=" ".join(self.node_id.split()),
+            version=install.version,
+            bootstrap=_block(self.render()),
+            agent_env=_block("\n".join(f"{k}={shlex.quote(v)}" for k, v in env.items())),
+            install=_block(template(INSTALL_TEMPLATE).format(
+                version=install.version, pip_args=install.pip_args())),
+            unit=_block(template(AGENT_UNIT)),
+            # A JSON string is a YAML double-quoted scalar: no quoting rules of our own.
+            setup=json.dumps(setup),
+        )
+
     @classmethod
     def parse(cls, text: str) -> Bootstrap:
         """Read the values back from a script produced by :meth:`render`.
@@ -138,6 +198,9 @@ class Bootstrap:
         if not isinstance(text, str):
             raise ValueError(f"bootstrap must be text, got {type(text).__name__}")  # noqa: TRY004
         lines = text.splitlines()
+        if text.startswith(CLOUD_CONFIG_HEADER):
+            # The script sits indented in a YAML block: read it back at its own indentation.
+            lines = _dedented_block(lines)
         try:
             # The last marker: an exported value may itself span lines that look like one.
             begin = len(lines) - 1 - lines[::-1].index(BLOCK_BEGIN)
@@ -222,3 +285,12 @@ class Bootstrap:
             f"controller_lease_s={self.controller_lease_s!r}, "
             f"self_terminate={self.self_terminate!r}, checkpoint_uri={self.checkpoint_uri!r})"
         )
+
+
+def _dedented_block(lines: list[str]) -> list[str]:
+    """The lines from the marker on, with the marker line's indentation taken off each."""
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].strip() == BLOCK_BEGIN:
+            pad = lines[index][: len(lines[index]) - len(lines[index].lstrip())]
+            return [line.removeprefix(pad) for line in lines[index:]]
+    return lines

@@ -62,6 +62,9 @@ class AwsProvider:
     # Instances launch with InstanceInitiatedShutdownBehavior=terminate: a halt ends the instance
     # (the node agent's dead-man switch uses this when the controller has been gone too long).
     self_terminate_command = "shutdown -h now"
+    # Nodes boot stock images with cloud-init: the executor hands them a #cloud-config that
+    # installs the pinned burst and starts the agent's systemd unit (infra/bootstrap/).
+    cloud_init = True
 
     def __init__(
         self,

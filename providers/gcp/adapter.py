@@ -91,6 +91,9 @@ class GcpProvider:
     # A guest halt stops the VM (TERMINATED): its GPUs stop billing, spot VMs are deleted
     # (instance_termination_action DELETE). Used by the node agent's dead-man switch.
     self_terminate_command = "shutdown -h now"
+    # Nodes boot stock images with cloud-init: the executor hands them a #cloud-config that
+    # installs the pinned burst and starts the agent's systemd unit (infra/bootstrap/).
+    cloud_init = True
 
     def __init__(
         self,

@@ -62,6 +62,9 @@ class LibcloudProvider:
     # Clouds behind libcloud differ in what a guest halt does (stop and keep billing, or
     # nothing): no self-termination is offered; the controller terminates the node.
     self_terminate_command: str | None = None
+    # Nodes boot stock images with cloud-init: the executor hands them a #cloud-config that
+    # installs the pinned burst and starts the agent's systemd unit (infra/bootstrap/).
+    cloud_init = True
 
     def __init__(
         self,
