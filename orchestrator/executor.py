@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 FAILURE_REASONS = frozenset({
     ActionReason.LAUNCH_TIMEOUT, ActionReason.BOOT_TIMEOUT, ActionReason.JOIN_TIMEOUT,
     ActionReason.HEARTBEAT_LOST, ActionReason.TERMINATE_RETRY, ActionReason.FAILED,
+    ActionReason.SLURM_RESUME_FAIL,
 })
 
 

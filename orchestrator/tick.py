@@ -100,7 +100,10 @@ def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
     roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
     # The queue as dispatch read and left it: one read of the queue per tick.
     snapshot = rt.observer.snapshot(now, queue_read=read)
-    result = make_plan(snapshot, policies, now)
+    # Slurm's power save plans these itself, through `burst slurm resume` (a tick's plan would
+    # launch for the CLOUD partition's pending jobs a second time, and drain what Slurm suspends);
+    # their costs are rolled up above all the same.
+    result = make_plan(snapshot, [p for p in policies if not p.power_saved], now)
     count_decisions(result.decisions)
     return PlanPass(now, snapshot, result, carry_out(result))
 

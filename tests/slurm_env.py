@@ -117,13 +117,20 @@ def reset(cluster: MiniCluster) -> None:
     for name, pid in cluster.slurmd_pids().items():
         if name not in onprem:
             minicluster._stop(pid)
+    clouds = set(cluster.cloud_names)
     for name in cluster.nodes():
-        if name in onprem:
+        if name in onprem or name in clouds:
             continue
         if name in cluster.slot_names:
             cluster.run("scontrol", "update", f"nodename={name}", "state=future", check=False)
         else:
             cluster.run("scontrol", "delete", f"nodename={name}", check=False)
+    for name in cluster.cloud_names:  # power save: back to powered down and usable
+        if cluster.node_state(name) != "idle" or "POWERED_DOWN" not in cluster.run(
+                "scontrol", "-o", "show", "node", name, check=False):
+            cluster.run("scontrol", "update", f"nodename={name}", "state=power_down_force",
+                        check=False)
+            cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
     for name in onprem:  # a test may have drained an on-prem node
         cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
 

@@ -11,7 +11,10 @@ Used by burst's tests (``tests/slurm_env.py``) and by hand::
 Needs root and the Debian packages ``munge slurmctld slurmd slurm-client`` (``.ci/run`` installs
 them). The cluster: ``onprem-[1-N]`` (8 CPUs, 4 fake GPUs each, ``Feature=onprem``), FUTURE slots
 ``burst-[1-M]`` (``Feature=burst``, one port each) that burst's node agents fill, and partition
-``gpu`` holding both (plus any dynamic ``slurmd -Z`` node with ``Feature=burst``).
+``gpu`` holding both (plus any dynamic ``slurmd -Z`` node with ``Feature=burst``), and power-save
+``State=CLOUD`` nodes ``cloud-[1-K]`` in partition ``cloud`` (``SuspendTime=5``) whose
+ResumeProgram/SuspendProgram/ResumeFailProgram are ``bin/burst-*`` wrappers running ``burst slurm
+...`` with the settings in ``etc/burst-power.env`` (absent: every resume fails).
 
 ``stop`` cancels every job first (job processes outlive the daemons by design), then stops every
 slurmd whose pid file is in the cluster's run directory, slurmctld, and munged if this cluster
@@ -58,6 +61,15 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if which(name) is None]
 
 
+# A power-save program: Slurm runs it with the hostlist only and no environment but SLURM_CONF.
+POWER_WRAPPER = """#!/bin/sh
+echo "$(date +%T.%N) {action} $*" >> {log}
+[ -r {env} ] || {{ echo "burst-{action}: no {env}" >&2; exit 1; }}
+. {env}
+exec "$BURST" slurm {action} "$@"
+"""
+
+
 class ClusterError(RuntimeError):
     """The mini-cluster could not start; the message says which step and shows its log."""
 
@@ -68,16 +80,18 @@ class Ports:
     slurmd: int = 6818  # dynamic nodes
     onprem: int = 17001  # onprem-1 .. onprem-N use onprem .. onprem+N-1
     burst: int = 17101  # burst-1 .. burst-M use burst .. burst+M-1
+    cloud: int = 17201  # cloud-1 .. cloud-K (power save) use cloud .. cloud+K-1
 
 
 class MiniCluster:
     """One mini-cluster under ``base`` (see the module docstring)."""
 
     def __init__(self, base: Path, *, onprem_nodes: int = 2, burst_slots: int = 4,
-                 ports: Ports | None = None):
+                 ports: Ports | None = None, cloud_nodes: int = 2):
         self.base = Path(base).resolve()
         self.onprem_nodes = onprem_nodes
         self.burst_slots = burst_slots
+        self.cloud_nodes = cloud_nodes
         self.ports = ports or Ports()
         self.conf = self.base / "etc" / "slurm.conf"
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -90,6 +104,15 @@ class MiniCluster:
     @property
     def slot_names(self) -> list[str]:
         return [f"burst-{i}" for i in range(1, self.burst_slots + 1)]
+
+    @property
+    def cloud_names(self) -> list[str]:
+        return [f"cloud-{i}" for i in range(1, self.cloud_nodes + 1)]
+
+    @property
+    def power_env(self) -> Path:
+        """Where the power-save wrappers read burst's settings (shell ``export`` lines)."""
+        return self.base / "etc" / "burst-power.env"
 
     def env(self) -> dict[str, str]:
         """os.environ with SLURM_CONF pointing at this cluster (always set it: pitfall 8)."""
@@ -107,7 +130,7 @@ class MiniCluster:
     # -- start -------------------------------------------------------------------------------
     def render(self) -> None:
         """Write slurm.conf and gres.conf, the directories and the fake GPU devices."""
-        for sub in ("etc", "state", "spool", "log", "run", "jobs", "fakegpu"):
+        for sub in ("etc", "bin", "state", "spool", "log", "run", "jobs", "fakegpu"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         (self.base / "jobs").chmod(0o1777)
         values = {
@@ -116,10 +139,17 @@ class MiniCluster:
             "onprem_port_last": self.ports.onprem + self.onprem_nodes - 1,
             "burst_slots": self.burst_slots, "burst_port": self.ports.burst,
             "burst_port_last": self.ports.burst + self.burst_slots - 1,
+            "cloud_nodes": self.cloud_nodes, "cloud_port": self.ports.cloud,
+            "cloud_port_last": self.ports.cloud + self.cloud_nodes - 1,
         }
         for name in ("slurm.conf", "gres.conf"):
             text = Template((HERE / f"{name}.in").read_text()).substitute(values)
             (self.base / "etc" / name).write_text(text)
+        for action in ("resume", "suspend", "resume-fail"):
+            wrapper = self.base / "bin" / f"burst-{action}"
+            wrapper.write_text(POWER_WRAPPER.format(env=self.power_env, action=action,
+                                                    log=self.base / "log" / "power.log"))
+            wrapper.chmod(0o755)
         for index in range(4):
             device = self.base / "fakegpu" / f"nvidia{index}"
             if not device.exists():
@@ -129,7 +159,8 @@ class MiniCluster:
     def busy_ports(self) -> list[int]:
         ports = [self.ports.ctld, self.ports.slurmd,
                  *range(self.ports.onprem, self.ports.onprem + self.onprem_nodes),
-                 *range(self.ports.burst, self.ports.burst + self.burst_slots)]
+                 *range(self.ports.burst, self.ports.burst + self.burst_slots),
+                 *range(self.ports.cloud, self.ports.cloud + self.cloud_nodes)]
         busy = []
         for port in ports:
             with socket.socket() as sock:

@@ -15,6 +15,7 @@ from orchestrator.cli.cancel_cmd import cancel_command
 from orchestrator.cli.config_cmd import config_app
 from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
 from orchestrator.cli.pool_cmd import pool_app
+from orchestrator.cli.slurm_cmd import slurm_app
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
 from orchestrator.cli.demo_cmd import demo_command
 from orchestrator.cli.plan_cmd import plan_command
@@ -60,6 +61,7 @@ app.add_typer(catalog_app, name="catalog")
 app.add_typer(pool_app, name="pool")
 app.add_typer(token_app, name="token")
 app.add_typer(config_app, name="config")
+app.add_typer(slurm_app, name="slurm")
 app.command("plan")(plan_command)
 app.command("run")(run_command)
 app.command("submit")(submit_command)

@@ -53,6 +53,8 @@ class ActionReason(StrEnum):
     OPERATOR = "operator"  # an operator asked for it (e.g. draining a whole pool)
     SPOT_NOTICE = "spot-notice"  # the provider announced the instance's reclaim (spot/preemption)
     BUDGET = "budget"  # the node's budget is past its drain grade (spend over the limit)
+    SLURM_SUSPEND = "slurm-suspend"  # Slurm's SuspendProgram powered the CLOUD node down
+    SLURM_RESUME_FAIL = "slurm-resume-fail"  # Slurm's ResumeFailProgram: not up by ResumeTimeout
 
 
 # Elapsed seconds in a summary ("42s", "3.5s"): blanked when telling a repeat from a new decision.

@@ -7,6 +7,9 @@ the controller gives the node its Slurm identity (:meth:`SlurmFabric.join_spec`)
   the store (:mod:`orchestrator.store.slots`); the agent runs ``slurmd -D -N burst-k``.
 * ``join: dynamic`` (production default): the node registers itself with ``slurmd -D -Z -N <node
   id> --conf "Gres=gpu:N Feature=burst"``; Slurm 22.05 allows one dynamic node per host.
+* ``join: power-save``: a ``State=CLOUD`` node Slurm resumed; the name was bound to the burst node
+  when ``burst slurm resume`` launched it (:mod:`orchestrator.fabric.powersave`); the agent runs
+  ``slurmd -D -b -N <name>``. Slurm powers the name down itself, so leaving touches no Slurm state.
 
 The agent reports ``joined`` once slurmd runs; the controller believes it only when Slurm shows
 the node usable (:meth:`confirm_joined`), and then the node is ``ready``.
@@ -39,7 +42,7 @@ from orchestrator.sources.slurm_cli import (
     SlurmError,
 )
 from orchestrator.store import Store
-from orchestrator.store.slots import SLOT
+from orchestrator.store.slots import CLOUD, SLOT
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,16 @@ class SlurmFabric:
         config = policy.fabric.slurm
         scope = slurm_scope(policy)
         now = self.clock.now()
-        if config.join is SlurmJoinMode.SLOT:
+        resume_at: float | None = None
+        if config.join is SlurmJoinMode.POWER_SAVE:
+            member = self.store.fabric_member(node.id)
+            if member is None or member.kind != CLOUD:
+                raise FabricJoinError(
+                    f"node {node.id} holds no Slurm CLOUD node name: a power-save node is "
+                    "launched by `burst slurm resume` only")
+            if member.claimed_at is not None:
+                resume_at = member.claimed_at.timestamp()
+        elif config.join is SlurmJoinMode.SLOT:
             self.store.seed_fabric_slots(scope, config.slot_names())
             member = self.store.claim_fabric_slot(scope, node.id, now)
             if member is None:
@@ -113,6 +125,7 @@ class SlurmFabric:
             "signal_batch_only": config.signal_batch_only,
             "checkpoint_wait_s": config.checkpoint_wait.total_seconds(),
             "respect_running_jobs": policy.scale_down.respect_running_jobs,
+            "resume_requested_at": resume_at,
         }
 
     def confirm_joined(self, node: Node) -> bool:
@@ -161,6 +174,11 @@ class SlurmFabric:
         cli = self.cli(policy)
         requeued: list[str] = []
         try:
+            if member.kind == CLOUD:
+                # Slurm powered the name down (SuspendProgram) or gave up on it
+                # (ResumeFailProgram): draining it would stop its next resume.
+                self.store.release_fabric_member(node.id)
+                return 0
             state = cli.node_state(member.name)
             if state is not None and state[0] != "future":
                 cli.drain(member.name, "burst: node gone")

@@ -3,9 +3,13 @@
 Driven by the node agent (:mod:`orchestrator.fabric.agent`) from the join spec the controller
 answered registration with (:meth:`orchestrator.fabric.slurm.SlurmFabric.join_spec`).
 
-Join: start ``slurmd -D -N <slot>`` (``mode: slot``) or ``slurmd -D -Z -N <name> --conf "Gres=gpu:N
-Feature=burst"`` (``mode: dynamic``) as a child of the agent, then poll Slurm until the node is
-usable; the agent reports ``joined``.
+Join: start ``slurmd -D -N <slot>`` (``mode: slot``), ``slurmd -D -Z -N <name> --conf "Gres=gpu:N
+Feature=burst"`` (``mode: dynamic``) or ``slurmd -D -b -N <cloud name>`` (``mode: power-save``) as a
+child of the agent, then poll Slurm until the node is usable; the agent reports ``joined``.
+A resumed CLOUD node is accepted by slurmctld only if the boot time slurmd reports is not older
+than the resume request: ``-b`` reports the slurmd start as the boot (a node sharing a host's
+uptime, as in the tests, has an older one), and the start waits until 2 s after the request,
+since that boot time is counted in whole seconds.
 
 Drain, one non-blocking step per call of :meth:`SlurmMember.drain_step`, so the agent keeps
 heartbeating:
@@ -51,6 +55,7 @@ log = logging.getLogger("burst.agent.slurm")
 
 CHECKPOINTED = "burst:checkpointed"  # the comment a job sets to confirm its checkpoint
 SLURMD_STOP_GRACE_S = 5.0
+RESUME_BOOT_MARGIN_S = 2.0  # a power-save slurmd starts this long after the resume request
 POLL_S = 0.5  # how often Slurm is asked about the node and its jobs while draining
 
 
@@ -85,6 +90,7 @@ class SlurmMember:
         self.batch_only = bool(spec.get("signal_batch_only", True))
         self.checkpoint_wait_s = float(spec.get("checkpoint_wait_s") or 0.0)
         self.respect_running = bool(spec.get("respect_running_jobs", True))
+        self.resume_requested_at = spec.get("resume_requested_at")
         self.cli = cli or SlurmCli(spec.get("slurm_conf"))
         self.work_dir = work_dir
         self.state = "joining"  # joining | joined | draining | released | failed
@@ -105,7 +111,13 @@ class SlurmMember:
         """Start slurmd for this node (a child of the agent; stopped by :meth:`stop`)."""
         slurmd = shutil.which("slurmd") or "/usr/sbin/slurmd"
         argv = [slurmd, "-D", "-N", self.name]
-        if self.mode == "dynamic":
+        if self.mode == "power-save":
+            argv.insert(2, "-b")
+            if self.resume_requested_at is not None:
+                wait = float(self.resume_requested_at) + RESUME_BOOT_MARGIN_S - time.time()
+                if wait > 0:
+                    time.sleep(min(wait, RESUME_BOOT_MARGIN_S))
+        elif self.mode == "dynamic":
             conf = f"Feature={self.feature}"
             if self.gpus > 0:
                 conf = f"Gres=gpu:{self.gpus} {conf}"
@@ -279,6 +291,8 @@ class SlurmMember:
         log.info("job %s requeued (%s)", job_id, why)
 
     def _leave_slurm(self) -> None:
+        if self.mode == "power-save":
+            return  # Slurm powers the CLOUD node down itself (SuspendProgram)
         state = self.cli.node_state(self.name)
         if state is None or (self.mode == "slot" and state[0] == "future"):
             return

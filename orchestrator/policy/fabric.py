@@ -36,6 +36,8 @@ class SlurmJoinMode(StrEnum):
 
     DYNAMIC = "dynamic"  # `slurmd -Z`: registers itself (production default; one per host in 22.05)
     SLOT = "slot"  # fills a pre-declared State=FUTURE node of slurm.conf (`slurmd -N burst-k`)
+    # Slurm's power save decides: a State=CLOUD node named by ResumeProgram (`burst slurm resume`)
+    POWER_SAVE = "power-save"
 
 
 class NoticeKind(StrEnum):
@@ -56,13 +58,15 @@ class SlurmFabric(PolicyModel):
 
     join: SlurmJoinMode = Field(
         default=SlurmJoinMode.DYNAMIC,
-        description="dynamic (`slurmd -Z`, each node on its own host) or slot (pre-declared "
-        "State=FUTURE nodes of slurm.conf, listed in slots).",
+        description="dynamic (`slurmd -Z`, each node on its own host), slot (pre-declared "
+        "State=FUTURE nodes of slurm.conf, listed in slots) or power-save (State=CLOUD nodes "
+        "Slurm resumes through `burst slurm resume`; docs/slurm-power-save.md).",
     )
     slots: list[str] = Field(
         default_factory=list,
-        description="Slot node names for join: slot, as declared in slurm.conf; a range such as "
-        "burst-[1-4] stands for burst-1 ... burst-4.",
+        description="Slot node names for join: slot (State=FUTURE) or join: power-save "
+        "(State=CLOUD), as declared in slurm.conf; a range such as burst-[1-4] stands for "
+        "burst-1 ... burst-4.",
     )
     feature: str = Field(
         default="burst", pattern=r"^[A-Za-z0-9_\-]+$",
@@ -100,6 +104,9 @@ class SlurmFabric(PolicyModel):
                                     "nodes")
         if self.join is SlurmJoinMode.SLOT and not self.slots:
             raise field_problem("slots", "join: slot needs the slot names (e.g. burst-[1-4])")
+        if self.join is SlurmJoinMode.POWER_SAVE and not self.slots:
+            raise field_problem("slots", "join: power-save needs the State=CLOUD node names of "
+                                "slurm.conf (e.g. cloud-[1-8])")
         if self.checkpoint_wait < timedelta(0):
             raise field_problem("checkpoint_wait", "must not be negative")
         return self

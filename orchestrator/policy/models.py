@@ -685,7 +685,7 @@ class Policy(PolicyModel):
         if kind is FabricKind.TORCH_ELASTIC and self.fabric.torch is None:
             raise field_problem("fabric.torch", "kind: torch-elastic needs the torch section")
         slots = self.fabric.slurm.slot_names()
-        if kind is FabricKind.SLURM and str(self.fabric.slurm.join) == "slot" and (
+        if kind is FabricKind.SLURM and str(self.fabric.slurm.join) in ("slot", "power-save") and (
                 self.limits.max_nodes > len(slots)):
             raise field_problem("limits.max_nodes", f"{self.limits.max_nodes} is more than the "
                                 f"{len(slots)} Slurm slot(s) in fabric.slurm.slots")
@@ -697,6 +697,14 @@ class Policy(PolicyModel):
         if self.fabric.kind is not None:
             return self.fabric.kind
         return FabricKind.SLURM if self.queue.source is QueueSourceKind.SLURM else FabricKind.BUILTIN
+
+    @property
+    def power_saved(self) -> bool:
+        """Slurm's power save decides this policy's launches and terminations
+        (``fabric.slurm.join: power-save``): the control loop does not plan it, ``burst slurm
+        resume``/``suspend`` do (docs/slurm-power-save.md)."""
+        return (self.fabric_kind is FabricKind.SLURM
+                and str(self.fabric.slurm.join) == "power-save")
 
     def project_priority(self, name: str) -> int:
         """Priority of a project's work; unlisted projects get ``default_project_priority``."""

@@ -10,12 +10,15 @@ ignores ``-t/-p/-w`` filters, so callers filter the parsed jobs themselves.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # Job states in which a job holds (or is about to hold, or still cleans up) a node.
 LIVE_JOB_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED",
@@ -123,6 +126,27 @@ class SlurmCli:
         parts = match.group(1).split("+")
         base = parts[0].rstrip("*~#!%$@^-").lower()
         return base, frozenset(p.upper() for p in parts[1:])
+
+    def hostnames(self, expr: str) -> list[str]:
+        """A hostlist expression's names: ``scontrol show hostnames`` (Slurm's own expansion, any
+        form it accepts), else :func:`expand_hostlist` where scontrol is missing or fails."""
+        try:
+            names = self.run("scontrol", "show", "hostnames", expr, timeout_s=10).split()
+        except SlurmError as exc:
+            log.info("scontrol show hostnames %s failed (%s); expanding it here", expr, exc)
+            return expand_hostlist(expr)
+        return names or expand_hostlist(expr)
+
+    def node_gpus(self, name: str) -> int | None:
+        """The GPUs slurm.conf gives node ``name`` (``Gres=gpu:N`` or ``gpu:type:N``); None when
+        Slurm does not say."""
+        out = self.run("scontrol", "--future", "-o", "show", "node", name, check=False)
+        match = re.search(r"(?:^|\s)Gres=(\S+)", out)
+        return (gres_count(match.group(1)) or None) if match else None
+
+    def set_down(self, name: str, reason: str) -> None:
+        """Mark the node DOWN with a reason ``sinfo -R`` and ``scontrol show node`` show."""
+        self.run("scontrol", "update", f"nodename={name}", "state=down", f"reason={reason}")
 
     def live_jobs_on(self, name: str,
                      jobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

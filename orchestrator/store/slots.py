@@ -21,6 +21,7 @@ from orchestrator.store.base import StoreBase, require_aware
 
 SLOT = "slot"
 DYNAMIC = "dynamic"
+CLOUD = "cloud"  # a State=CLOUD node of slurm.conf, bound by a power-save resume
 _CLAIM_RETRIES = 16
 
 
@@ -90,9 +91,10 @@ class FabricSlots(StoreBase):
                 return FabricMember(scope, free[0], SLOT, node_id, at)
         return self.fabric_member(node_id)
 
-    def add_fabric_member(self, scope: str, name: str, node_id: str, at: datetime) -> FabricMember:
-        """Record a dynamic member; idempotent for the same node. ValueError if the name or the
-        node is already taken by another."""
+    def add_fabric_member(self, scope: str, name: str, node_id: str, at: datetime,
+                          kind: str = DYNAMIC) -> FabricMember:
+        """Record a dynamic (or power-save ``CLOUD``) member; idempotent for the same node.
+        ValueError if the name or the node is already taken by another."""
         require_aware(at, "at")
         held = self.fabric_member(node_id)
         if held is not None:
@@ -102,13 +104,13 @@ class FabricSlots(StoreBase):
         try:
             with self._write() as conn:
                 conn.execute(sa.insert(T.fabric_members).values(
-                    scope=scope, name=name, kind=DYNAMIC, node_id=node_id, claimed_at=at))
+                    scope=scope, name=name, kind=kind, node_id=node_id, claimed_at=at))
         except sa.exc.IntegrityError:
             held = self.fabric_member(node_id)
             if held is not None and (held.scope, held.name) == (scope, name):
                 return held
             raise ValueError(f"{scope}/{name} is already held by another node") from None
-        return FabricMember(scope, name, DYNAMIC, node_id, at)
+        return FabricMember(scope, name, kind, node_id, at)
 
     def fabric_member(self, node_id: str) -> FabricMember | None:
         """The name ``node_id`` holds, if any."""
