@@ -149,6 +149,7 @@ def test_slurm_power_save_resumes_through_burst_and_suspends(slurm, tmp_path):
             (line for line in map(lambda n: node_line(slurm, n), slurm.cloud_names)
              if "Reason=burst:" in line), None), 60)
         reason = re.search(r"Reason=(.*?) \[", down).group(1)
+        print(f"\nDOWN reason shown by Slurm: {reason}")
         assert "budgets[cloud-day]" in reason, reason
         refused = [d for d in runtime.store.decisions(limit=100)
                    if d.policy == "cloud-ps" and d.inputs.get("slurm_power_save", {}).get("refused")]
