@@ -15,7 +15,6 @@ from orchestrator.cli.cancel_cmd import cancel_command
 from orchestrator.cli.config_cmd import config_app
 from orchestrator.cli.control_cmd import api_command, beat_command, worker_command
 from orchestrator.cli.pool_cmd import pool_app
-from orchestrator.cli.slurm_cmd import slurm_app
 from orchestrator.cli.decisions_cmd import decisions_command, explain_command
 from orchestrator.cli.demo_cmd import demo_command
 from orchestrator.cli.plan_cmd import plan_command
@@ -24,6 +23,7 @@ from orchestrator.cli.provider_cmd import catalog_app, provider_app
 from orchestrator.cli.queue_cmd import status_command, submit_command
 from orchestrator.cli.run_cmd import agent_command, db_app, run_command
 from orchestrator.cli.simulate_cmd import simulate_command
+from orchestrator.cli.slurm_cmd import slurm_app
 from orchestrator.cli.report_cmd import report_command
 from orchestrator.cli.token_cmd import token_app
 
