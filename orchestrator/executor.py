@@ -12,6 +12,10 @@ between any two lines leaves a record that the reconciler can finish or undo:
   hand the node's work back to the queue, then call ``provider.terminate``. Only the provider's
   confirmation (seen by the reconciler) makes the node ``terminated``.
 
+A launch group (``Launch.group``: the nodes of one multi-node job) is carried out as a whole by
+:mod:`orchestrator.groups`: its nodes launch together in one provider placement group, and if any
+of them cannot be launched none is left running.
+
 Provider errors are handled by kind: a capacity error excludes the offering for a back-off period
 (the negative-capacity cache) and tells the caller to re-plan within the same tick; a transient
 error leaves the node ``requested`` so the launch is retried with the same request id; quota, auth
@@ -44,6 +48,7 @@ from orchestrator.domain.ports import (
 from orchestrator.domain.snapshot import CapacityBlock
 from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap, NodeInstall
 from orchestrator.fabric.tokens import JoinTokens
+from orchestrator.groups import launch_group, launch_recorded_group
 from orchestrator.instruments import LEAKED_COLLECTED
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.logs import log_context
@@ -120,11 +125,20 @@ class Executor:
 
     def run(self, actions: Iterable[Action]) -> ExecutionReport:
         report = ExecutionReport()
+        actions = list(actions)
+        groups: dict[str, list[Launch]] = {}
+        for action in actions:
+            if isinstance(action, Launch) and action.group is not None:
+                groups.setdefault(action.group, []).append(action)
         for action in actions:
             # Every line logged while carrying out an action names its node and decision.
             with log_context(**_action_ids(action)):
                 try:
-                    if isinstance(action, Launch):
+                    if isinstance(action, Launch) and action.group is not None:
+                        members = groups.pop(action.group, None)
+                        if members is not None:  # the group goes together, at its first member
+                            launch_group(self, members, report)
+                    elif isinstance(action, Launch):
                         self._launch(action, report)
                     elif isinstance(action, Drain):
                         self._drain(action, report)
@@ -183,14 +197,41 @@ class Executor:
             self._launch_stored(node, report, raise_transient=raise_transient)
         return report
 
-    def _launch_stored(self, node: Node, report: ExecutionReport, *, raise_transient: bool) -> None:
+    def _launch_stored(self, node: Node, report: ExecutionReport, *, raise_transient: bool,
+                       placement_group: str | None = None) -> None:
         policy = self.policies.get(node.policy)
         gpu_model = next((s.gpu_model for s in (policy.offerings if policy else ())
                           if s.instance_type == node.instance_type and s.gpu_model), "")
         offering = offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
-        self._call_launch(node, offering, report, raise_transient=raise_transient)
+        if placement_group is None:
+            group = self.store.group_of_node(node.id)
+            placement_group = group.name if group is not None else None
+        self._call_launch(node, offering, report, raise_transient=raise_transient,
+                          placement_group=placement_group)
 
-    def _call_launch(self, node: Node, offering, report: ExecutionReport, *, raise_transient: bool = False) -> None:
+    def launch_group_recorded(self, group_id: str) -> ExecutionReport:
+        """Carry out a launch group whose intents are recorded (:func:`record_group`): the
+        distributed control plane's task for a group; safe to run any number of times."""
+        report = ExecutionReport()
+        launch_recorded_group(self, group_id, report)
+        return report
+
+    def launch_node(self, node: Node, report: ExecutionReport, *,
+                    placement_group: str | None = None) -> NodeState:
+        """Launch one recorded node (of a launch group); returns its state after the call:
+        ``launching`` (accepted), ``requested`` (transient: retried later), else it failed."""
+        with log_context(policy=node.policy, node=node.id):
+            self._launch_stored(node, report, raise_transient=False,
+                                placement_group=placement_group)
+        current = self.store.get_node(node.id)
+        return current.state if current is not None else NodeState.FAILED
+
+    def fail_unlaunched(self, node: Node, why: str) -> None:
+        """A recorded node that will not be launched: failed, then terminated."""
+        self._fail_unlaunched(node, why)
+
+    def _call_launch(self, node: Node, offering, report: ExecutionReport, *,
+                     raise_transient: bool = False, placement_group: str | None = None) -> None:
         provider = self.providers.get(node.provider)
         if provider is None or node.provider in self.disabled:
             why = self.disabled.get(node.provider, "provider not configured")
@@ -214,7 +255,8 @@ class Executor:
             user_data = bootstrap.render_cloud_config(self.config.node_install, self.config.node_env)
         else:
             user_data = bootstrap.render()
-        request = LaunchRequest(node.request_id, offering, tags, user_data)
+        request = LaunchRequest(node.request_id, offering, tags, user_data,
+                                placement_group=placement_group)
         try:
             instances = provider.launch(request)
         except CapacityError as exc:

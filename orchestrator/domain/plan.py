@@ -55,6 +55,8 @@ class ActionReason(StrEnum):
     BUDGET = "budget"  # the node's budget is past its drain grade (spend over the limit)
     SLURM_SUSPEND = "slurm-suspend"  # Slurm's SuspendProgram powered the CLOUD node down
     SLURM_RESUME_FAIL = "slurm-resume-fail"  # Slurm's ResumeFailProgram: not up by ResumeTimeout
+    # another node of its launch group could not be launched: the group falls back as a whole
+    GROUP_FALLBACK = "group-fallback"
 
 
 # Elapsed seconds in a summary ("42s", "3.5s"): blanked when telling a repeat from a new decision.

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from orchestrator.domain.nodes import Node, OwnershipTags
 from orchestrator.domain.offerings import Offering
+from orchestrator.domain.placement import GroupTags, PlacementGroup
 from orchestrator.domain.snapshot import PoolQueue
 
 
@@ -39,6 +40,8 @@ class LaunchRequest:
     offering: Offering
     tags: OwnershipTags
     user_data: str
+    # The provider-side name of the placement group the node launches into (None: none).
+    placement_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,33 @@ class Provider(Protocol):
 
     def terminate(self, ids: list[str]) -> None:
         """Terminate the instances; idempotent."""
+        ...
+
+
+@runtime_checkable
+class GroupPlacement(Protocol):
+    """Placement groups of a provider: the optional ``placement`` capability of a Provider
+    (read with ``getattr(provider, "placement", None)``; None: the provider places no groups).
+
+    The same contract as the provider's: idempotent on the group id (creating a group that is
+    already there with our tags returns it), ownership by tags (``list_owned_groups(cluster)``
+    returns exactly the groups carrying that cluster's tag), ``delete_group`` idempotent (a group
+    already gone returns normally), errors typed as :class:`ProviderError` s. A group still
+    holding instances may refuse deletion with a :class:`TransientError`: delete it again once
+    they are gone.
+    """
+
+    def create_group(self, group_id: str, offering: Offering, size: int,
+                     tags: GroupTags) -> PlacementGroup:
+        """Create (or find) the group for ``size`` nodes of ``offering``; idempotent."""
+        ...
+
+    def delete_group(self, group: PlacementGroup) -> None:
+        """Delete the group; idempotent."""
+        ...
+
+    def list_owned_groups(self, cluster: str) -> list[PlacementGroup]:
+        """Every placement group carrying this cluster's ownership tag."""
         ...
 
 

@@ -39,6 +39,7 @@ from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.leases import Leases
 from orchestrator.store.ledger import Ledger
 from orchestrator.store.notices import Notices
+from orchestrator.store.placement import PlacementGroups
 from orchestrator.store.pools import PoolControls
 from orchestrator.store.queueread import QueueReads
 from orchestrator.store.presence import Presence
@@ -116,7 +117,7 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
             PoolControls, Ledger, ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation,
-            Notices, Fencing):
+            Notices, PlacementGroups, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

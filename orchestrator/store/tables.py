@@ -250,6 +250,28 @@ class BurstWaitRow(Base):
     gpus: Mapped[int | None] = mapped_column(sa.Integer)
 
 
+class PlacementGroupRow(Base):
+    """A placement group burst creates for a launch group (a multi-node job's nodes): its intent
+    before the provider call, its state after; ``node_ids`` the nodes launched into it (JSON
+    list). See ``store.placement``."""
+
+    __tablename__ = "placement_groups"
+
+    group_id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    provider: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    region: Mapped[str] = mapped_column(sa.String(STR_NAME))
+    zone: Mapped[str | None] = mapped_column(sa.String(STR_NAME))
+    offering_key: Mapped[str] = mapped_column(sa.String(STR_KEY))
+    size: Mapped[int] = mapped_column(sa.Integer)
+    node_ids: Mapped[list[str]] = mapped_column(sa.JSON)
+    state: Mapped[str] = mapped_column(sa.String(16), index=True)
+    state_since: Mapped[datetime]
+    created_at: Mapped[datetime]
+    name: Mapped[str | None] = mapped_column(sa.String(STR_KEY))
+    reason: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
+
+
 class JoinAttemptRow(Base):
     """Audit log of node-agent registration attempts, successful or not."""
 
@@ -554,6 +576,7 @@ capacity_blocks: sa.Table = CapacityBlockRow.__table__  # type: ignore[assignmen
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 job_runs: sa.Table = JobRunRow.__table__  # type: ignore[assignment]
 burst_waits: sa.Table = BurstWaitRow.__table__  # type: ignore[assignment]
+placement_groups: sa.Table = PlacementGroupRow.__table__  # type: ignore[assignment]
 join_attempts: sa.Table = JoinAttemptRow.__table__  # type: ignore[assignment]
 fences: sa.Table = FenceRow.__table__  # type: ignore[assignment]
 pool_controls: sa.Table = PoolControlRow.__table__  # type: ignore[assignment]

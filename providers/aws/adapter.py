@@ -27,6 +27,7 @@ from orchestrator.domain.ports import (
 from providers.aws.checks import check_rows
 from providers.aws.clients import LAUNCH_CONFIG, READ_CONFIG, install_log_redaction, make_session
 from providers.aws.errors import NOT_FOUND_CODES, Context, ec2_errors
+from providers.aws.placement import AwsPlacement
 from providers.aws.tags import OFFERING_TAG, PROVIDER_NAME, STATES, launch_tags, run_params
 
 log = logging.getLogger(__package__)
@@ -41,6 +42,9 @@ IAM_ACTIONS = frozenset({
     "ec2:DescribeInstances",
     "ec2:DescribeImages",
     "ec2:TerminateInstances",
+    "ec2:CreatePlacementGroup",
+    "ec2:DeletePlacementGroup",
+    "ec2:DescribePlacementGroups",
     "iam:PassRole",
 })
 
@@ -90,6 +94,8 @@ class AwsProvider:
         self._root_devices: dict[str, str] = {}  # region -> the AMI's root device name
         self._known_offerings: dict[str, Offering] = {o.key: o for o in self._catalog or ()}
         self._request_locks: dict[str, tuple[threading.Lock, int]] = {}  # id -> (lock, users)
+        # Cluster placement groups for launch groups (the Placement port; providers.aws.placement).
+        self.placement = AwsPlacement(self)
         install_log_redaction()
 
     def __repr__(self) -> str:

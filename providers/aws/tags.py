@@ -83,6 +83,9 @@ def run_params(
         params["KeyName"] = cfg.key_name
     if offering.zone:
         params["Placement"] = {"AvailabilityZone": offering.zone}
+    if req.placement_group:
+        # One cluster placement group per launch group (providers.aws.placement)
+        params.setdefault("Placement", {})["GroupName"] = req.placement_group
     if offering.market == "spot":
         spot: dict[str, Any] = {
             "SpotInstanceType": "one-time",

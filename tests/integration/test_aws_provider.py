@@ -518,7 +518,8 @@ def _ec2_actions_named_in(path: Path) -> set[str]:
 
 
 ADAPTER_CALLS = {"ec2:RunInstances", "ec2:DescribeInstances", "ec2:DescribeImages",
-                 "ec2:TerminateInstances"}
+                 "ec2:TerminateInstances", "ec2:CreatePlacementGroup", "ec2:DeletePlacementGroup",
+                 "ec2:DescribePlacementGroups"}
 REFRESH_CALLS = {"ec2:DescribeSpotPriceHistory", "ec2:DescribeInstanceTypes"}
 
 
@@ -540,7 +541,12 @@ def test_iam_policy_grants_exactly_what_burst_calls():
         for action in [listed] if isinstance(listed, str) else listed:
             by_action.setdefault(action, []).append(statement)
     [tagging] = by_action["ec2:CreateTags"]
-    assert tagging["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    assert tagging["Condition"] == {
+        "StringEquals": {"ec2:CreateAction": ["RunInstances", "CreatePlacementGroup"]}}
+    [grouping] = by_action["ec2:CreatePlacementGroup"]
+    assert "aws:RequestTag/burst:cluster" in grouping["Condition"]["Null"]
+    [ungrouping] = by_action["ec2:DeletePlacementGroup"]
+    assert "aws:ResourceTag/burst:cluster" in ungrouping["Condition"]["Null"]
     [terminating] = by_action["ec2:TerminateInstances"]
     assert "aws:ResourceTag/burst:cluster" in terminating["Condition"]["Null"]
     [passing] = by_action["iam:PassRole"]

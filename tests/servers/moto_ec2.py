@@ -54,6 +54,7 @@ class _Fault:
     code: str
     message: str
     remaining: int
+    skip: int = 0  # calls to let through first (e.g. the 2nd node of a group fails)
 
 
 @dataclass
@@ -74,10 +75,12 @@ class FaultInjector:
         self.calls: Counter[str] = Counter()
         self.in_flight: Counter[str] = Counter()  # requests of each action being answered now
 
-    def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1) -> None:
-        """Fail the next ``times`` calls of ``action`` (e.g. "RunInstances") with this error."""
+    def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1,
+               after: int = 0) -> None:
+        """Fail the next ``times`` calls of ``action`` (e.g. "RunInstances") with this error,
+        once ``after`` calls of it have gone through."""
         with self._lock:
-            self._faults[action] = _Fault(http_status, code, message or code, times)
+            self._faults[action] = _Fault(http_status, code, message or code, times, after)
 
     def delay(self, action: str, seconds: float, times: int = 1) -> None:
         """Hold the next ``times`` calls of ``action`` for ``seconds`` before moto handles them
@@ -108,7 +111,10 @@ class FaultInjector:
         with self._lock:
             self.calls[action] += 1
             fault = self._faults.get(action)
-            if fault is not None and fault.remaining > 0:
+            if fault is not None and fault.skip > 0:
+                fault.skip -= 1
+                fault = None
+            elif fault is not None and fault.remaining > 0:
                 fault.remaining -= 1
             else:
                 fault = None
@@ -157,6 +163,7 @@ class MotoEC2Server:
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.faults: FaultInjector | None = None
+        self.placement: Any = None  # tests.servers.ec2_placement.PlacementGroupsApp, once started
         self._clients: dict[tuple[str, str, str], Any] = {}
         self._clients_lock = threading.Lock()
 
@@ -168,7 +175,11 @@ class MotoEC2Server:
         # Imported here: moto is heavy and only these tests need it.
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-        self.faults = FaultInjector(DomainDispatcherApplication(create_backend_app))
+        from tests.servers.ec2_placement import PlacementGroupsApp
+
+        # moto has no placement groups: served in front of it (tests.servers.ec2_placement)
+        self.placement = PlacementGroupsApp(DomainDispatcherApplication(create_backend_app))
+        self.faults = FaultInjector(self.placement)
         self._server = make_server("127.0.0.1", 0, self.faults, threaded=True,
                                    request_handler=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="moto-ec2",
@@ -219,9 +230,10 @@ class MotoEC2Server:
         self.faults.clear()
         self.faults.reset_counts()
 
-    def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1) -> None:
+    def inject(self, action: str, http_status: int, code: str, message: str = "", times: int = 1,
+               after: int = 0) -> None:
         assert self.faults is not None, "MotoEC2Server is not started"
-        self.faults.inject(action, http_status, code, message, times)
+        self.faults.inject(action, http_status, code, message, times, after)
 
     def delay(self, action: str, seconds: float, times: int = 1) -> None:
         assert self.faults is not None, "MotoEC2Server is not started"
