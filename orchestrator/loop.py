@@ -33,6 +33,7 @@ from datetime import datetime
 from orchestrator.domain.plan import ActionReason, Decision, Terminate
 from orchestrator.domain.ports import Instance, ProviderError
 from orchestrator.executor import ExecutionReport
+from orchestrator.groups import sweep_groups
 from orchestrator.leadership import (
     RECONCILE,
     Controller,
@@ -145,6 +146,8 @@ class ControlLoop:
             corrective = rt.reconciler.step(now, self.controller.observing_since(now))
             report.corrective = len(corrective)
             report.execution.merge(executor.run(corrective))
+            # placement groups whose burst is over, interrupted deletions, leaked groups
+            sweep_groups(view, rt.providers, {p.cluster for p in rt.policies.values()}, now)
         finally:
             rt.reconciler.store = rt.store
         return [a for a in corrective if isinstance(a, Terminate)

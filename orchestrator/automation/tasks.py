@@ -37,6 +37,7 @@ from orchestrator.automation.runtime import lease_seconds, redis_client, runtime
 from orchestrator.domain.plan import Drain, Launch, Terminate
 from orchestrator.domain.ports import AuthError, InvalidRequest, ProviderError, TransientError
 from orchestrator.executor import Executor
+from orchestrator.groups import record_group, sweep_groups
 from orchestrator.leadership import RECONCILE, Controller, Holder, lease_ttl, watch_gap
 from orchestrator.logs import log_context
 from orchestrator.notify.deliver import DeliveryFailed, NoTarget, attempt
@@ -74,8 +75,14 @@ def _controlled(scope: str, token: int, now: datetime) -> tuple[Executor, Reconc
 def _dispatch(actions) -> dict:
     """Record launch intents (already done by the caller) and send each side effect to a task."""
     counts = {"launch": 0, "drain": 0, "terminate": 0}
+    groups: set[str] = set()
     for action in actions:
-        if isinstance(action, Launch):
+        if isinstance(action, Launch) and action.group is not None:
+            if action.group not in groups:  # a launch group is one task: all or nothing
+                groups.add(action.group)
+                launch_group.delay(action.group)
+            counts["launch"] += 1
+        elif isinstance(action, Launch):
             launch.delay(action.node_id)
             counts["launch"] += 1
         elif isinstance(action, Drain):
@@ -141,7 +148,16 @@ def _tick(rt, policy, policy_name: str, replan: bool) -> dict:
             for name, memory in result.memory.items():
                 executor.store.save_memory(name, memory)
             to_dispatch = []
+            grouped: dict[str, list[Launch]] = {}
             for action in result.actions:
+                if isinstance(action, Launch) and action.group is not None:
+                    grouped.setdefault(action.group, []).append(action)
+            for members in grouped.values():
+                if record_group(executor, members) is not None:
+                    to_dispatch.extend(members)
+            for action in result.actions:
+                if isinstance(action, Launch) and action.group is not None:
+                    continue  # recorded with its group above
                 if isinstance(action, Launch) and executor.record_launch(action) is None:
                     continue  # a duplicate of a launch recorded before
                 to_dispatch.append(action)
@@ -195,6 +211,8 @@ def reconcile() -> dict:
         events = reconciler.sync(observed, now)
         corrective = reconciler.step(now, controller().observing_since(now))
         dispatched = _dispatch(corrective)
+        # placement groups whose burst is over, interrupted deletions, leaked groups
+        sweep_groups(reconciler.store, rt.providers, set(clusters), now)
         # What deserves a notification, claimed once in the store; each row sent by its own
         # task (retries and backoff there), so a failing webhook never holds this one.
         claimed = check(rt.store, rt.policies.values(), now,
@@ -237,6 +255,22 @@ def launch(self, node_id: str) -> dict:
         return {"node": node_id, "status": "capacity", "offering": report.capacity_errors[0]}
     status = "launched" if report.launched else ("failed" if report.errors else "already-done")
     return {"node": node_id, "status": status}
+
+
+@shared_task(name="burst.provider.launch_group", acks_late=True, ignore_result=False)
+def launch_group(group_id: str) -> dict:
+    """Launch a recorded launch group together (orchestrator.groups); idempotent. A transient
+    error leaves its nodes ``requested``: the reconciler re-issues them into the group."""
+    rt = runtime()
+    record = rt.store.get_group(group_id)
+    if record is None:
+        return {"group": group_id, "status": "unknown-group"}
+    report = rt.executor.launch_group_recorded(group_id)
+    if report.capacity_errors:
+        tick.delay(record.policy, replan=True)  # the group fell back: the planner chooses again
+        return {"group": group_id, "status": "capacity", "offering": report.capacity_errors[0]}
+    status = "launched" if report.launched else ("failed" if report.errors else "already-done")
+    return {"group": group_id, "status": status, "nodes": report.launched}
 
 
 @shared_task(name="burst.node.drain", acks_late=True, ignore_result=False)

@@ -47,6 +47,7 @@ from providers.gcp.labels import (
     region_of,
     to_instance,
 )
+from providers.gcp.groups import GcpGroups
 from providers.gcp.operations import operation_exception, wait_for_operation
 from providers.gcp.placement import accelerator_problem, zone_for
 from providers.gcp.redaction import install_redaction
@@ -68,12 +69,20 @@ API_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "compute.images.useReadOnly",
         "compute.subnetworks.use",
         "compute.subnetworks.useExternalIp",
+        "compute.resourcePolicies.use",
         "iam.serviceAccounts.actAs",
     ),
     "compute.instances.get": ("compute.instances.get",),
     "compute.instances.list": ("compute.instances.list",),
     "compute.instances.delete": ("compute.instances.delete",),
     "compute.zoneOperations.wait": ("compute.zoneOperations.get",),
+    # Compact placement policies of launch groups (providers.gcp.groups); an instance naming
+    # one needs resourcePolicies.use.
+    "compute.resourcePolicies.insert": ("compute.resourcePolicies.create",),
+    "compute.resourcePolicies.get": ("compute.resourcePolicies.get",),
+    "compute.resourcePolicies.list": ("compute.resourcePolicies.list",),
+    "compute.resourcePolicies.delete": ("compute.resourcePolicies.delete",),
+    "compute.regionOperations.wait": ("compute.regionOperations.get",),
     # Used by check() only:
     "compute.machineTypes.list": ("compute.machineTypes.list",),
     "compute.images.get": ("compute.images.get",),
@@ -124,6 +133,8 @@ class GcpProvider:
         self._clients: dict[str, Any] = {}
         # request id -> attempts whose operation failed (see "Identity and idempotency").
         self._failed_attempts: dict[str, int] = {}
+        # Compact placement policies for launch groups (the GroupPlacement port; .groups).
+        self.placement = GcpGroups(self)
         install_redaction()
 
     # -- Provider -----------------------------------------------------------------------------
@@ -383,6 +394,8 @@ class GcpProvider:
                     "zone_operations": compute_v1.ZoneOperationsClient,
                     "machine_types": compute_v1.MachineTypesClient,
                     "images": compute_v1.ImagesClient,
+                    "resource_policies": compute_v1.ResourcePoliciesClient,
+                    "region_operations": compute_v1.RegionOperationsClient,
                 }[kind]
                 client = factory(credentials=creds, client_options=options, transport="rest")
                 self._clients[kind] = client

@@ -179,6 +179,11 @@ def instance_body(cfg: Any, req: LaunchRequest, zone: str, name: str) -> compute
         body.service_accounts = [
             compute_v1.ServiceAccount(email=cfg.service_account, scopes=list(SCOPES))
         ]
+    if req.placement_group:
+        # the launch group's compact placement policy (providers.gcp.groups)
+        body.resource_policies = [
+            f"projects/{cfg.project}/regions/{region_of(zone)}/resourcePolicies/{req.placement_group}"
+        ]
     accelerator = (getattr(cfg, "accelerators", None) or {}).get(offering.instance_type)
     if accelerator is not None and not has_builtin_gpus(offering.instance_type):
         body.guest_accelerators = [

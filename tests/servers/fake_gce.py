@@ -15,6 +15,8 @@ Served (all under ``/compute/v1/projects/{project}``)::
     GET    zones/{z}/machineTypes[/{type}]      machineTypes.list / get
     GET    global/images/{name}                 images.get
     GET    global/images/family/{family}        images.getFromFamily
+    ...    regions/{r}/resourcePolicies[/{name}], regions/{r}/operations/{op}[/wait]
+                                                resource policies (tests.servers.fake_gce_policies)
 
 plus ``POST /token``, an OAuth2 / STS token endpoint (RFC 8693 token exchange, as workload identity
 federation uses it), so tests run the production credential path (Application Default Credentials)
@@ -34,8 +36,8 @@ Behaviour worth knowing:
     * Unknown machine, accelerator type or image on insert: 404; an invalid name, label, requestId
       or a GPU VM that may live-migrate: 400; an unsupported ``filter``: 400.
 
-Failure injection, consumed by the next insert calls: ``inject(kind, times)`` with kind one of
-``FAULTS``. Credentials injection: ``fail_token(times)`` makes the token endpoint answer
+Failure injection, consumed by the next insert calls: ``inject(kind, times, after)`` with kind
+one of ``FAULTS`` (``after`` inserts go through first). Credentials injection: ``fail_token(times)`` makes the token endpoint answer
 ``invalid_grant``.
 """
 
@@ -59,6 +61,9 @@ from urllib.parse import parse_qs, urlsplit
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from tests.servers.fake_gce_policies import ROUTES as POLICY_ROUTES
+from tests.servers.fake_gce_policies import ResourcePoliciesMixin
 
 SELF_LINK_BASE = "https://www.googleapis.com/compute/v1"
 
@@ -184,6 +189,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"zones/(?P<zone>[^/]+)/machineTypes/(?P<type>[^/]+)", "compute.machineTypes.get"),
         ("GET", r"global/images/family/(?P<family>[^/]+)", "compute.images.getFromFamily"),
         ("GET", r"global/images/(?P<image>[^/]+)", "compute.images.get"),
+        *POLICY_ROUTES,
     ]
 ]
 
@@ -259,9 +265,11 @@ class _State:
     token_failures: int = 0
     calls: list[Call] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
+    # (project, region, name) -> resource policy (tests.servers.fake_gce_policies)
+    policies: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
 
 
-class FakeGce:
+class FakeGce(ResourcePoliciesMixin):
     """The server; use as a context manager, or ``start()``/``stop()``."""
 
     def __init__(
@@ -331,11 +339,12 @@ class FakeGce:
 
     # -- test controls ------------------------------------------------------------------------
 
-    def inject(self, kind: str, times: int = 1) -> None:
+    def inject(self, kind: str, times: int = 1, after: int = 0) -> None:
+        """Fail the next ``times`` inserts with ``kind``, once ``after`` inserts went through."""
         if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}; known: {sorted(FAULTS)}")
         with self._lock:
-            self._state.faults.extend([kind] * times)
+            self._state.faults.extend([""] * after + [kind] * times)
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -556,6 +565,7 @@ class FakeGce:
             if seen is not None:
                 return 200, self._op_view(self._state.ops[seen])
         self._validate_instance(project, zone, body)
+        self._check_instance_policies(project, zone, body)
         key = (project, zone, name)
         if key in self._state.instances:
             raise HttpError(
@@ -770,14 +780,17 @@ class FakeGce:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def _new_op(self, project: str, zone: str, kind: str, target: str, on_done: Any = None) -> _Op:
+    def _new_op(self, project: str, zone: str, kind: str, target: str, on_done: Any = None,
+                *, region_scoped: bool = False) -> _Op:
+        # ``zone`` is the region for a regional operation (resource policies): keyed the same way
         name = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
-        zone_url = f"{SELF_LINK_BASE}/projects/{project}/zones/{zone}"
+        scope = "regions" if region_scoped else "zones"
+        zone_url = f"{SELF_LINK_BASE}/projects/{project}/{scope}/{zone}"
         body = {
             "kind": "compute#operation",
             "id": str(self._new_id()),
             "name": name,
-            "zone": zone_url,
+            "region" if region_scoped else "zone": zone_url,
             "operationType": kind,
             "targetLink": target,
             "targetId": str(self._new_id()),
