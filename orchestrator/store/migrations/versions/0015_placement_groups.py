@@ -2,7 +2,7 @@
 creates for a multi-node job's launch group (intent before the create call, state after).
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 
 Hand-written and frozen like 0001 (no import of the models). Nothing to copy: no group existed
 before it.
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
