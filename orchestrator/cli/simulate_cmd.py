@@ -182,6 +182,11 @@ def render(data: dict) -> None:
         if held:
             limits = ", ".join(f"{k} ({v:,} ticks)" for k, v in held.items())
             line(f"{run['name']}: launches held back by {limits}")
+    for run in data["runs"]:
+        if run.get("staged_gb"):
+            line(f"{run['name']}: staged {run['staged_gb']:,.0f} GB to the cloud "
+                 f"({run['staging_hours']:,.1f} h of staging on burst nodes), egress "
+                 f"{_money(run['egress_usd'])} on top of the cloud cost")
     unfinished = [(r["name"], r["jobs_unfinished"]) for r in data["runs"] if r["jobs_unfinished"]]
     for name, count in unfinished:
         line(f"{name}: {count:,} job(s) never ran (no capacity it could use would fit them); "

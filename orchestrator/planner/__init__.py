@@ -155,6 +155,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     admit = (_admitter(policy, books, nodes, now, snapshot.burst_runs)
              if books is not None or _has_quotas(policy) else None)
     demand = absorb(queue, nodes, policy, census, admit)
+    if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
+        demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
     # stay queued).
     split: WaitSplit | None = None
@@ -394,6 +396,23 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
                 k += 1
         due[picked] = True
     return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at)
+
+
+def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
+              census: Census, admit: Callable[[Job, str], bool] | None, now: datetime) -> Demand:
+    """Absorption again without the jobs burst nodes took whose data staging would outlast
+    their predicted on-prem wait (:mod:`.staging`): a node booting for one job must not count
+    as covering another that is better off waiting on-prem, or the first is launched for twice."""
+    held = staging.review(policy, demand.burst_absorbed, demand.ordered, demand.onprem_absorbed,
+                          queue, now).held
+    if not held:
+        return demand
+    refused = frozenset(j.id for j in held)
+
+    def admit_unstaged(job: Job, node_id: str) -> bool:
+        return job.id not in refused and (admit is None or admit(job, node_id))
+
+    return absorb(queue, nodes, policy, census, admit_unstaged)
 
 
 def _wider_than(jobs: Sequence[Job], widest: int) -> int:

@@ -144,6 +144,7 @@ class PolicyController(Controller):
             plan = make_plan(snapshot, [self.policy], snapshot.taken_at)
             engine.counters.plan_wall_s += perf_counter() - began
             engine.counters.plans += 1
+            engine.world.staging_held = _staging_held(plan)
             report = engine.executor.execute(plan)
             engine.settle(report)
             acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
@@ -273,3 +274,14 @@ class ThresholdController(_Bursting):
             waiting = sorted(world.pending.values(), key=lambda j: j.key)
             actions += self.scale_up(waiting, now)
         self.run(actions, now)
+
+
+def _staging_held(plan) -> frozenset[str]:
+    """Jobs the decision keeps off burst nodes because staging their data would outlast their
+    on-prem wait: the world's dispatcher leaves them for on-prem, as the decision says."""
+    held: set[str] = set()
+    for decision in plan.decisions:
+        jobs = (decision.inputs.get("staging") or {}).get("jobs") or {}
+        held.update(job for job, row in jobs.items() if not row.get("burst", True))
+    return frozenset(held)
+

@@ -31,7 +31,7 @@ from orchestrator.sim.controllers import (
 )
 from orchestrator.sim.engine import Engine, Sample, SimClock
 from orchestrator.sim.memstore import SimStore
-from orchestrator.sim.metrics import Outcome, summarize
+from orchestrator.sim.metrics import Outcome, summarize, usd
 from orchestrator.sim.roi import onprem_starts, sim_roi
 from orchestrator.sim.spotdata import published_priors, spot_markets
 from orchestrator.sim.traces import Trace
@@ -263,6 +263,9 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
         "interruptions": counters.interruptions,
         "boot_timeouts": counters.boot_timeouts,
         "requeued_jobs": world.requeued,
+        "egress_usd": usd(world.egress_micros),
+        "staged_gb": round(world.staged_gb, 3),
+        "staging_hours": round(world.staging_s / 3600.0, 3),
         "peak_burst_nodes": counters.peak_nodes,
         "simulated_s": round(engine.now - (trace.jobs[0].submit_s if trace.jobs else 0.0), 1),
         "cloud": knobs,
@@ -317,7 +320,9 @@ def run_clairvoyant(policy: Policy, sim_policy: Policy, trace: Trace, sizing: On
     cloud_gpu_s = sum(o.gpu_s for o in outcomes if o.where == "cloud")
     run = summarize("clairvoyant", "baseline", options.slo_s, outcomes, cost_micro=cost,
                     billed_gpu_s=cloud_gpu_s, busy_gpu_s=cloud_gpu_s, idle_micro=0, lost_gpu_s=0.0,
-                    span_s=max(trace.span_s, 1.0), launches=None, terminations=None, extra={})
+                    span_s=max(trace.span_s, 1.0), launches=None, terminations=None,
+                    # The reference ignores data staging: it places work, it moves no data.
+                    extra={"egress_usd": None, "staged_gb": None, "staging_hours": None})
     run["priced_at"] = {"offering": offering.key, "usd_per_gpu_hour": round(per_gpu_hour, 6)}
     return run, _cost_series(trace, placements, per_gpu_hour, options)
 

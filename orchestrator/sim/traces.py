@@ -2,7 +2,9 @@
 
 The canonical format is a CSV with the header ``job_id,submit_s,duration_s,gpus,project,priority``:
 seconds from the start of the trace, the run time in seconds, the GPUs the job needs, and an
-optional project and integer priority (empty: ``""`` and 0). Rows may come in any order; loading
+optional project and integer priority (empty: ``""`` and 0). An optional last column
+``dataset_gb`` gives the GB of data a burst must stage for the job (empty, or a trace without the
+column: the policy's ``storage`` for the job's project decides; none: no data moves). Rows may come in any order; loading
 sorts them by submit time (then file order).
 
 Loaders turn the real traces into that form (see ``docs/simulator.md`` for every choice made):
@@ -38,6 +40,8 @@ from orchestrator.policy.reading import (
 )
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "project", "priority")
+DATASET_COLUMN = "dataset_gb"  # optional, last
+MAX_DATASET_GB = 10_000_000  # 10 PB, as pool.storage.datasets[].size_gb
 TRACE_DIR_ENV = "BURST_TRACE_DIR"
 ITP_DIR = "microsoft-itp-elasticflow-traces"
 PHILLY_DIR = "philly-15k-dirlab"
@@ -60,6 +64,7 @@ class TraceJob:
     gpus: int
     project: str = ""
     priority: int = 0
+    dataset_gb: float | None = None  # None: the policy's storage decides
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,18 +110,21 @@ def _parse_rows(reader, where: str) -> tuple[TraceJob, ...]:  # type: ignore[no-
     header = next(reader, None)
     if header is None:
         raise TraceError(f"{where}: empty file; expected the header {','.join(COLUMNS)}")
-    if tuple(h.strip() for h in header) != COLUMNS:
+    names = tuple(h.strip() for h in header)
+    if names not in (COLUMNS, (*COLUMNS, DATASET_COLUMN)):
         got = ",".join(header)[:200]
-        raise TraceError(f"{where}:1: expected the header {','.join(COLUMNS)}, got {got}")
+        raise TraceError(f"{where}:1: expected the header {','.join(COLUMNS)} (and optionally "
+                         f",{DATASET_COLUMN}), got {got}")
+    width = len(names)
     jobs: list[TraceJob] = []
     seen: dict[str, int] = {}
     for row in reader:
         line = reader.line_num
         if not row or all(not cell.strip() for cell in row):
             continue
-        if len(row) != len(COLUMNS):
-            raise TraceError(f"{where}:{line}: expected {len(COLUMNS)} columns, got {len(row)}")
-        job_id, submit, duration, gpus, project, priority = (cell.strip() for cell in row)
+        if len(row) != width:
+            raise TraceError(f"{where}:{line}: expected {width} columns, got {len(row)}")
+        job_id, submit, duration, gpus, project, priority, *rest = (cell.strip() for cell in row)
         if not job_id:
             raise TraceError(f"{where}:{line}: job_id: must not be empty")
         for column, value in (("job_id", job_id), ("project", project)):
@@ -137,8 +145,23 @@ def _parse_rows(reader, where: str) -> tuple[TraceJob, ...]:  # type: ignore[no-
         if abs(rank) > bounds.MAX_PRIORITY:
             raise TraceError(f"{where}:{line}: priority: must be between -{bounds.MAX_PRIORITY} "
                              f"and {bounds.MAX_PRIORITY}, got {rank}")
-        jobs.append(TraceJob(job_id, submit_s, duration_s, count, project, rank))
+        dataset = _dataset_gb(rest[0], where, line) if rest and rest[0] else None
+        jobs.append(TraceJob(job_id, submit_s, duration_s, count, project, rank, dataset))
     return _sorted(jobs)
+
+
+def _dataset_gb(text: str, where: str, line: int) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise TraceError(f"{where}:{line}: {DATASET_COLUMN}: number longer than "
+                         f"{MAX_NUMBER_CHARS} characters")
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{where}:{line}: {DATASET_COLUMN}: not a number: {text!r}") from None
+    if not 0 <= value <= MAX_DATASET_GB:
+        raise TraceError(f"{where}:{line}: {DATASET_COLUMN}: must be GB from 0 to "
+                         f"{MAX_DATASET_GB}, got {text[:40]!r}")
+    return value
 
 
 def _number(text: str, where: str, line: int, column: str) -> float:
@@ -182,10 +205,13 @@ def to_canonical(jobs: tuple[TraceJob, ...] | list[TraceJob]) -> str:
     """The canonical CSV text of some jobs (what :func:`parse_canonical` reads back)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    sized = any(j.dataset_gb is not None for j in jobs)  # the column only where it says something
+    writer.writerow((*COLUMNS, DATASET_COLUMN) if sized else COLUMNS)
     for j in jobs:
-        writer.writerow([j.job_id, _fmt(j.submit_s), _fmt(j.duration_s), j.gpus, j.project,
-                         j.priority or ""])
+        row = [j.job_id, _fmt(j.submit_s), _fmt(j.duration_s), j.gpus, j.project, j.priority or ""]
+        if sized:
+            row.append("" if j.dataset_gb is None else _fmt(j.dataset_gb))
+        writer.writerow(row)
     return out.getvalue()
 
 

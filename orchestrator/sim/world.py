@@ -49,6 +49,7 @@ from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue
 from orchestrator.planner.admission import Admission
 from orchestrator.planner.backfill import (BackfillConfig, NodeSpace, PendingJob, backfill_pass)
+from orchestrator.planner.staging import staging_of
 from orchestrator.policy.models import Policy
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import Allocation, GpuPool
@@ -83,7 +84,7 @@ class SimJob:
     __slots__ = ("index", "trace", "gpus", "key", "state", "pending_since", "wait_s", "start_s",
                  "end_s", "where", "alloc", "attempt", "domain", "eligible", "burst_nodes",
                  "lost_gpu_s", "restarts", "burst_start_s", "remaining_s", "overhead_s",
-                 "checkpoint_s", "max_loss_s")
+                 "checkpoint_s", "max_loss_s", "stage_s")
 
     def __init__(self, index: int, trace: TraceJob, key: tuple, domain: Job):
         self.index = index
@@ -108,11 +109,12 @@ class SimJob:
         self.overhead_s = 0.0  # restart overhead the current attempt pays before it computes
         self.checkpoint_s: float | None = None  # set by the world from the policy
         self.max_loss_s = 0.0  # most compute lost by one interruption (the checkpoint bound)
+        self.stage_s = 0.0  # staging its data to the cloud before this burst attempt computes
 
     @property
     def run_s(self) -> float:
-        """How long the current attempt runs: restart overhead, then the work left."""
-        return self.overhead_s + self.remaining_s
+        """How long the current attempt runs: staging (burst), restart overhead, the work left."""
+        return self.stage_s + self.overhead_s + self.remaining_s
 
 
 def _head(heap: list) -> tuple | None:
@@ -160,7 +162,8 @@ class World:
             project = t.project or DEFAULT_PROJECT
             submitted = at(t.submit_s)
             domain = Job(id=t.job_id, project=project, pool=self.pool_name, gpus=t.gpus,
-                         submitted_at=submitted, priority=t.priority, duration_s=t.duration_s)
+                         submitted_at=submitted, priority=t.priority, duration_s=t.duration_s,
+                         dataset_gb=t.dataset_gb)
             # The planner's scheduling order (orchestrator.planner.demand.scheduling_order).
             key = (-priorities.get(project, default), -t.priority, t.submit_s, t.job_id)
             job = SimJob(index, t, key, domain)
@@ -189,9 +192,17 @@ class World:
         self.onprem_gpu_s = 0.0
         self.burst_gpu_s = 0.0
         self.requeued = 0  # jobs handed back to the queue by a node that went away
+        # Data staging of burst starts (policy storage, trace dataset_gb): egress in integer
+        # micro-dollars (data in and checkpoints back), GB staged in, seconds spent staging.
+        self.egress_micros = 0
+        self.staged_gb = 0.0
+        self.staging_s = 0.0
         # Set by a controller whose policy has budgets: the admission of starts on burst nodes at
         # an instant (orchestrator.planner.admission), as the built-in queue's dispatcher checks.
         self.admission: Callable[[float], Admission | None] | None = None
+        # Set by a policy controller at every plan: jobs the decision keeps off burst nodes
+        # (staging their data would outlast their on-prem wait); burst dispatch skips them.
+        self.staging_held: frozenset[str] = frozenset()
         # A burst node takes only a job that fits on it alone, as the built-in queue dispatches
         # (set for policy runs; the baselines model autoscalers that give a wide job whole nodes).
         self.burst_one_node = False
@@ -254,15 +265,28 @@ class World:
             for width, heap in queues.items():
                 if one_node and width > pool.max_size:
                     continue  # burst nodes: one node per job, as the built-in queue dispatches
-                head = _head(heap)
+                head = _head(heap) if where != "burst" else self._burst_head(heap)
                 if head is not None and (best is None or head[0] < best[0]) and pool.fits(width):
                     best = head
             if best is None:
                 return
             job = best[2]
-            heapq.heappop(queues[job.gpus])
+            if queues[job.gpus][0] is best:
+                heapq.heappop(queues[job.gpus])  # (else its entry goes stale: _head drops it)
             self._start(job, pool.place(job.gpus), where, now)
             started.append(job)
+
+    def _burst_head(self, heap: list) -> tuple | None:
+        """The first live entry of a burst queue that the decision does not keep on-prem."""
+        head = _head(heap)
+        held = self.staging_held
+        if head is None or not held or head[2].trace.job_id not in held:
+            return head
+        for entry in sorted(heap):
+            job = entry[2]
+            if job.state == PENDING and entry[1] == job.attempt and job.trace.job_id not in held:
+                return entry
+        return None
 
     def _fill_admitted(self, admission: Admission, now: float, started: list[SimJob]) -> None:
         """Fill burst nodes as :meth:`_fill` does (the best head of each width, one node per
@@ -275,14 +299,15 @@ class World:
         refused: set[int] = set()  # jobs no node admits at this instant
 
         def first(heap: list) -> tuple | None:
-            head = _head(heap)
+            head = self._burst_head(heap)
             if head is None or head[2].index not in refused:
                 return head
             # The head was refused: the next job of its width in order (refusals are rare,
             # so sorting the width's queue here is cheap overall).
             for entry in sorted(heap):
                 job = entry[2]
-                if job.state == PENDING and entry[1] == job.attempt and job.index not in refused:
+                if (job.state == PENDING and entry[1] == job.attempt and job.index not in refused
+                        and job.trace.job_id not in self.staging_held):
                     return entry
             return None
 
@@ -445,6 +470,7 @@ class World:
             del order[position]
             self._widths[job.gpus] -= 1
         self._pending_tuple = None
+        job.stage_s = 0.0
         if where == "onprem":
             self.running_onprem += 1
             self.onprem_running[job.index] = job
@@ -456,6 +482,7 @@ class World:
         self.running_burst += 1
         if job.burst_start_s is None:
             job.burst_start_s = now
+        self._stage(job)
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
         job.burst_nodes = ids
         for (index, used), node_id in zip(alloc, ids):
@@ -467,6 +494,17 @@ class World:
             node = self.store.get_node(node_id)
             self.store.set_usage(node_id, gpus_busy=node.gpus_busy + used,
                                  running_jobs=len(jobs), idle_since=None)
+
+    def _stage(self, job: SimJob) -> None:
+        """A burst attempt first stages the job's data (and pays the egress of it and of the
+        checkpoints it brings back): its run is longer by the staging time."""
+        staging = staging_of(self.policy, job.domain)
+        if staging is None:
+            return
+        job.stage_s = staging.staging_s
+        self.staging_s += staging.staging_s
+        self.staged_gb += staging.dataset_gb
+        self.egress_micros += round(Decimal(str(staging.egress_usd)) * 1_000_000)
 
     def finish(self, job: SimJob, attempt: int, now: float) -> bool:
         """A job's run ends; False for a stale end (the job was handed back meanwhile)."""
@@ -568,7 +606,8 @@ class World:
         intervals of compute past the restart overhead), count the rest as lost, and make the
         next attempt pay the restart overhead first (nothing kept: from the beginning, no
         overhead)."""
-        computed = min(max(ran_s - job.overhead_s, 0.0), job.remaining_s)
+        computed = min(max(ran_s - job.stage_s - job.overhead_s, 0.0), job.remaining_s)
+        job.stage_s = 0.0  # the next attempt stages again where it lands (burst), or not at all
         interval = job.checkpoint_s
         kept = math.floor(computed / interval) * interval if interval else 0.0
         job.max_loss_s = max(job.max_loss_s, computed - kept)
