@@ -21,8 +21,15 @@ from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
+from orchestrator.domain.boot import BootLearner
 from orchestrator.domain.capacity import CapacityLearner
-from orchestrator.domain.snapshot import BudgetSpend, OfferingHealth, PrewarmRequest, Snapshot
+from orchestrator.domain.snapshot import (
+    BootEstimate,
+    BudgetSpend,
+    OfferingHealth,
+    PrewarmRequest,
+    Snapshot,
+)
 from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
@@ -47,6 +54,7 @@ class Observer:
         # Learned capacity (offering_health) is computed when a policy chooses by expected cost.
         self.capacity_prior = capacity_prior or (lambda key: 0.0)
         self.learns = any(p.spot.by_expected_cost for p in self.policies)
+        self.learns_boot = any(p.trigger.learn_boot for p in self.policies)
 
     def catalogue(self) -> tuple[Offering, ...]:
         if self._catalogue is None:
@@ -110,7 +118,29 @@ class Observer:
             budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
             burst_runs=runs(**shared) if runs is not None else (),
             offering_health=self.offering_health(now) if self.learns else {},
+            boot_estimates=self.boot_estimates(now) if self.learns_boot else {},
         )
+
+    def boot_estimates(self, now: datetime) -> dict[str, BootEstimate]:
+        """Each offering's learned launch-to-ready time (:class:`~orchestrator.domain.boot.
+        BootLearner`, decayed p90) from the latest node events: a node's first ``-> launching``
+        to its first ``-> ready``."""
+        learner = BootLearner()
+        nodes = {n.id: n for n in self.store.nodes(include_terminated=True)}
+        launched: dict[str, datetime] = {}
+        ready: set[str] = set()
+        for event in self.store.events(limit=HEALTH_EVENTS):  # oldest first
+            node = nodes.get(event.node_id)
+            if node is None or event.node_id in ready:
+                continue
+            if event.to_state is NodeState.LAUNCHING:
+                launched.setdefault(event.node_id, event.at)
+            elif event.to_state is NodeState.READY and event.node_id in launched:
+                ready.add(event.node_id)
+                learner.booted(node.offering_key,
+                               (event.at - launched[event.node_id]).total_seconds(),
+                               event.at.timestamp() / 3600.0)
+        return learner.snapshot(learner.keys(), now.timestamp() / 3600.0)
 
     def offering_health(self, now: datetime) -> dict[str, OfferingHealth]:
         """Each offering's preemption hazard and stockout odds, learned from the latest node

@@ -32,10 +32,15 @@ class OnPremState:
 @dataclass(frozen=True, slots=True)
 class OnPremRelease:
     """A job running on-prem: the GPUs it holds and when it is expected to end (start + time
-    limit). The wait-aware rule (``trigger.wait_slo``) predicts on-prem starts from these."""
+    limit). The wait-aware rule (``trigger.wait_slo``) predicts on-prem starts from these.
+
+    ``node``: the index of the node holding them in :attr:`OnPremState.free_per_node` (a job on
+    several nodes is one release per node), or None where the source cannot tell; the per-node
+    prediction (``trigger.wait_model: nodes``) needs it on every release."""
 
     gpus: int
     ends_at: datetime
+    node: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,18 @@ class OfferingHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class BootEstimate:
+    """The learned launch-to-ready time of one offering (:mod:`orchestrator.domain.boot`): a high
+    percentile of the observed boots, decayed. ``samples``: the decayed number of boots it rests
+    on (the planner uses it once there are enough, else the policy's ``expected_boot``)."""
+
+    offering_key: str
+    boot_s: float
+    samples: float
+    percentile: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """World state at ``taken_at``."""
 
@@ -183,3 +200,6 @@ class Snapshot:
     # Per offering key: learned preemption hazard and stockout odds (observer-computed; an
     # offering missing here is planned with no interruptions and no stockouts).
     offering_health: dict[str, OfferingHealth] = field(default_factory=dict)
+    # Per offering key: the learned launch-to-ready time (observer-computed from node events; read
+    # by the wait-aware rule when ``trigger.learn_boot`` is set).
+    boot_estimates: dict[str, BootEstimate] = field(default_factory=dict)

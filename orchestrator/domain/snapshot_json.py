@@ -27,6 +27,7 @@ from orchestrator.domain.nodes import Node
 from orchestrator.domain.offerings import BillingRule, Offering
 from orchestrator.domain.plan import Decision, Drain, Hold, Launch, OfferingOption, Plan, Terminate
 from orchestrator.domain.snapshot import (
+    BootEstimate,
     BudgetSpend,
     CapacityBlock,
     OnPremRelease,
@@ -38,7 +39,7 @@ from orchestrator.domain.snapshot import (
 )
 
 for _cls in (Job, Node, BillingRule, Offering, CapacityBlock, OnPremState, OnPremRelease,
-             PolicyMemory, PoolQueue, PrewarmRequest, BudgetSpend, Snapshot):
+             PolicyMemory, PoolQueue, PrewarmRequest, BudgetSpend, BootEstimate, Snapshot):
     _cls.__pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[attr-defined]
 
 _SNAPSHOT = TypeAdapter(Snapshot)
@@ -99,6 +100,10 @@ _BOUNDS: dict[tuple[type, str], tuple[float, float]] = {
     (Job, "duration_s"): (0, MAX_DURATION_S),
     (Job, "dataset_gb"): (0, 10_000_000),  # 10 PB, as pool.storage.datasets[].size_gb
     (OnPremRelease, "gpus"): (1, bounds.MAX_JOB_GPUS),
+    (OnPremRelease, "node"): (0, bounds.MAX_COUNT),
+    (BootEstimate, "boot_s"): (0, MAX_DURATION_S),
+    (BootEstimate, "samples"): (0, bounds.MAX_COUNT),
+    (BootEstimate, "percentile"): (0, 1),
     (OnPremState, "total_gpus"): (0, bounds.MAX_POOL_GPUS),
     (OnPremState, "free_gpus"): (0, bounds.MAX_POOL_GPUS),
     (OnPremState, "free_per_node"): (0, bounds.MAX_GPUS_PER_NODE),

@@ -36,7 +36,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -79,8 +79,10 @@ from orchestrator.planner.scaleup import (
     grant_nodes,
     pool_budget,
 )
-from orchestrator.planner.wait import WaitSplit, split_unmet
-from orchestrator.policy.models import Policy, TriggerCombine
+from orchestrator.planner.boot import BootChoice, choose_boot
+from orchestrator.planner.wait import NodeRules, WaitSplit, split_unmet
+from orchestrator.planner.wait_nodes import cheapest_cost, node_space_problem
+from orchestrator.policy.models import Policy, TriggerCombine, WaitModel
 
 __all__ = ["plan"]
 
@@ -161,7 +163,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     # stay queued).
     split: WaitSplit | None = None
     if policy.trigger.wait_slo is not None and demand.unmet and queue is not None:
-        split = _split(demand.unmet, demand.onprem_absorbed, queue, policy, now)
+        boot = choose_boot(policy, snapshot.boot_estimates)
+        rules = (_node_rules(policy, snapshot, now)
+                 if policy.trigger.wait_model is WaitModel.NODES else None)
+        split = _split(demand.unmet, demand.onprem_absorbed, queue, policy, now, boot, rules)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
     prewarm = snapshot.prewarm.get(pool)
@@ -372,20 +377,33 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     return actions, decision, memory
 
 
+def _node_rules(policy: Policy, snapshot: Snapshot, now: datetime) -> NodeRules:
+    """The node model's view of the offerings: the widest job one burst node holds (the
+    dispatcher places a job on one node) and each job's cost on its cheapest usable offering."""
+    usable = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now).candidates
+    prices = [(c.offering.gpus, float(c.offering.price_usd_hour)) for c in usable]
+    width = max((g for g, _ in prices), default=0)
+    return NodeRules(width, cheapest_cost(prices))
+
+
 def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
-           policy: Policy, now: datetime) -> WaitSplit:
+           policy: Policy, now: datetime, boot: BootChoice | None = None,
+           rules: NodeRules | None = None) -> WaitSplit:
     """:func:`.wait.split_unmet`, with the jobs already past their deadline taken out first on
     the columns (one comparison over the view): the split makes them due without simulating
     them, so it is handed only the others, and the due jobs are put back in scheduling order."""
     slo = policy.trigger.wait_slo
     if not isinstance(unmet, JobsView) or slo is None:
-        return split_unmet(tuple(unmet), onprem_absorbed, queue, policy, now)
-    cutoff = to_us(now - (slo - policy.trigger.expected_boot))
+        return split_unmet(tuple(unmet), onprem_absorbed, queue, policy, now, boot, rules)
+    boot_td = (policy.trigger.expected_boot if boot is None
+               else timedelta(seconds=boot.seconds))
+    cutoff = to_us(now - (slo - boot_td))
     late = unmet.column("submitted_us") < cutoff
     if late.all():
-        return WaitSplit(unmet, (), ())
+        return WaitSplit(unmet, (), (), boot=boot,
+                         model=_model_name(policy, queue))
     early = unmet.where(~late)
-    split = split_unmet(tuple(early), onprem_absorbed, queue, policy, now)
+    split = split_unmet(tuple(early), onprem_absorbed, queue, policy, now, boot, rules)
     due = late.copy()
     if split.due:  # the early due jobs are a subsequence of ``early``: matched in one walk
         positions = np.flatnonzero(~late).tolist()
@@ -395,7 +413,16 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
                 picked.append(position)
                 k += 1
         due[picked] = True
-    return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at)
+    return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at,
+                     boot=split.boot, model=split.model, displaced=split.displaced)
+
+
+def _model_name(policy: Policy, queue: PoolQueue) -> str:
+    """``inputs.wait_aware.onprem_model`` when no job was simulated (as the split names it)."""
+    if policy.trigger.wait_model is not WaitModel.NODES:
+        return ""
+    problem = node_space_problem(queue)
+    return "nodes" if problem is None else f"pooled ({problem})"
 
 
 def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,

@@ -18,6 +18,11 @@ queue behind it). Any other job is *late*: it is *due* (burst now) once ``now`` 
 than at arrival (a GPU freeing early meanwhile can still take it on-prem). A job whose deadline has
 passed is always due, so a wrong prediction cannot hold a job back forever.
 
+With ``trigger.wait_model: nodes`` the starts are predicted node by node with Slurm's backfill
+model instead, and ``trigger.displacement`` may burst cheaper queued jobs so that a dearer one
+keeps its on-prem start (:mod:`.wait_nodes`); with ``trigger.learn_boot`` the boot allowed is the
+learned one (:mod:`.boot`). The pooled rule is what runs with neither.
+
 Pure: no clock, no I/O; ``now`` is an argument. A job without an expected runtime holds its GPUs
 to the end of the simulated horizon; a running job past its expected end frees at once.
 """
@@ -28,9 +33,13 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from collections.abc import Callable
+
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.snapshot import PoolQueue
-from orchestrator.policy.models import Policy
+from orchestrator.planner.boot import BootChoice
+from orchestrator.planner.wait_nodes import node_space_problem, split_on_nodes
+from orchestrator.policy.models import Policy, WaitModel
 
 STEP_S = 60.0  # resolution of the simulated on-prem schedule
 TICK_S = 60.0  # the margin before a deadline at which a late job becomes due (one planner tick)
@@ -44,10 +53,13 @@ class WaitSplit:
     deferred: tuple[Job, ...]  # predicted to start on-prem within the SLO: not burst
     waiting: tuple[Job, ...]  # late, but bursting them can wait until their deadline
     earliest_burst_at: datetime | None = None  # when the first waiting job becomes due
+    boot: BootChoice | None = None  # the boot allowed (None: the policy's expected_boot)
+    model: str = ""  # the on-prem model used ("" for the pooled default; see record())
+    displaced: tuple[dict, ...] = ()  # trigger.displacement: who went to the cloud for whom
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
-        return {
+        out = {
             "wait_slo_s": trigger.wait_slo.total_seconds() if trigger.wait_slo else None,
             "expected_boot_s": trigger.expected_boot.total_seconds(),
             "deferred_to_onprem_jobs": len(self.deferred),
@@ -57,9 +69,21 @@ class WaitSplit:
             "earliest_burst_deadline": (self.earliest_burst_at.isoformat()
                                         if self.earliest_burst_at else None),
         }
+        # The new rules' records only where they are on, so default decisions stay as they were.
+        if trigger.learn_boot and self.boot is not None:
+            out.update(self.boot.inputs())
+        if self.model:
+            out["onprem_model"] = self.model
+        if trigger.displacement.enabled:
+            out["displaced_jobs"] = len(self.displaced)
+            out["displaced"] = list(self.displaced)
+        return out
 
     def text(self) -> str:
         parts = []
+        if self.displaced:
+            parts.append(f"{len(self.displaced)} queued job(s) displaced to the cloud so dearer "
+                         "ones keep their on-prem start")
         if self.deferred:
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
                          "(predicted to start within wait_slo)")
@@ -69,21 +93,42 @@ class WaitSplit:
         return "; ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeRules:
+    """What the node model needs beyond the queue: the widest job a burst node holds and each
+    job's cloud cost (both from the tick's usable offerings)."""
+
+    burst_width: int | None
+    cloud_cost: Callable[[Job], float | None]
+
+
 def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
-                policy: Policy, now: datetime) -> WaitSplit:
+                policy: Policy, now: datetime, boot: BootChoice | None = None,
+                rules: NodeRules | None = None) -> WaitSplit:
     """Split ``unmet`` (in scheduling order) into due, deferred and waiting jobs; see the module
-    docstring. ``onprem_absorbed``: the jobs that start on free on-prem GPUs this tick."""
+    docstring. ``onprem_absorbed``: the jobs that start on free on-prem GPUs this tick; ``boot``:
+    the boot allowed (default: the policy's ``expected_boot``)."""
     slo = policy.trigger.wait_slo
     if slo is None or not unmet:
-        return WaitSplit(tuple(unmet), (), ())
-    lead = slo.total_seconds() - policy.trigger.expected_boot.total_seconds()
+        return WaitSplit(tuple(unmet), (), (), boot=boot)
+    boot_td = (policy.trigger.expected_boot if boot is None
+               else timedelta(seconds=boot.seconds))
+    lead = slo.total_seconds() - boot_td.total_seconds()
     # A job submitted before ``cutoff`` is past its deadline: it can be neither deferred nor kept
     # waiting, so it is due without simulating it (at 100k pending jobs, nearly all of a long
     # queue; the comparison of datetimes is exact, as the float deadline below is not).
-    cutoff = now - (slo - policy.trigger.expected_boot)
+    cutoff = now - (slo - boot_td)
     late = [j.submitted_at < cutoff for j in unmet]
     deadlines = [0.0 if past else (j.submitted_at - now).total_seconds() + lead
                  for j, past in zip(unmet, late)]  # from now, in s
+    if policy.trigger.wait_model is WaitModel.NODES:
+        problem = node_space_problem(queue)
+        if problem is None:
+            return _split_nodes(unmet, onprem_absorbed, queue, policy, now, boot, rules,
+                                late, deadlines)
+        model = f"pooled ({problem})"
+    else:
+        model = ""
     horizon = max((d for d, past in zip(deadlines, late) if not past), default=0.0)
     slots = max(int(horizon // STEP_S) + 2, 2)
     free = [queue.onprem.free_gpus] * slots
@@ -119,7 +164,36 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
             burst_in = deadline - TICK_S
             earliest = burst_in if earliest is None else min(earliest, burst_in)
     at = None if earliest is None else now + timedelta(seconds=earliest)
-    return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at)
+    return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at, boot=boot, model=model)
+
+
+def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQueue,
+                 policy: Policy, now: datetime, boot: BootChoice | None, rules: NodeRules | None,
+                 late: list[bool], deadlines: list[float]) -> WaitSplit:
+    """The split with on-prem starts predicted node by node (:mod:`.wait_nodes`)."""
+    ahead = [i for i, past in enumerate(late) if not past]
+    jobs = [unmet[i] for i in ahead]
+    displacement = policy.trigger.displacement if policy.trigger.displacement.enabled else None
+    rules = rules or NodeRules(None, lambda job: None)
+    result = split_on_nodes(jobs, [deadlines[i] for i in ahead], absorbed, queue, now,
+                            rules.burst_width, displacement, rules.cloud_cost)
+    due_at = [i for i, past in enumerate(late) if past]
+    due_at += [ahead[k] for k in result.displaced]  # burst now: out of the on-prem queue soonest
+    waiting: list[Job] = []
+    earliest: float | None = None
+    for k in sorted(result.late + result.stuck):
+        deadline = deadlines[ahead[k]]
+        if deadline - TICK_S <= 0:
+            due_at.append(ahead[k])
+        else:
+            waiting.append(unmet[ahead[k]])
+            burst_in = deadline - TICK_S
+            earliest = burst_in if earliest is None else min(earliest, burst_in)
+    due_at.sort()
+    at = None if earliest is None else now + timedelta(seconds=earliest)
+    return WaitSplit(tuple(unmet[i] for i in due_at), tuple(jobs[k] for k in result.deferred),
+                     tuple(waiting), at, boot=boot, model="nodes",
+                     displaced=tuple(result.records))
 
 
 def _length(duration_s: float) -> int:

@@ -53,6 +53,34 @@ class TriggerCombine(StrEnum):
     ALL = "all"  # both conditions must hold
 
 
+class WaitModel(StrEnum):
+    """How the wait-aware rule predicts a pending job's on-prem start."""
+
+    POOLED = "pooled"  # the on-prem GPUs pooled, first fit (node fragmentation ignored)
+    NODES = "nodes"  # node by node with Slurm's backfill model (orchestrator/planner/backfill.py)
+
+
+class Displacement(PolicyModel):
+    """Which jobs to burst: when a queued job would miss its SLO
+    on-prem, burst a few cheaper queued jobs ahead of it instead, so it keeps its on-prem start."""
+
+    enabled: bool = Field(default=False, description="Displace cheaper queued jobs to the cloud "
+                          "so that a dearer one (long, wide) starts on-prem within wait_slo.")
+    max_displaced: int = Field(default=8, ge=1, le=64, description="Most queued jobs burst "
+                               "instead of one job that would miss its SLO.")
+    lookahead: Duration = Field(
+        default=timedelta(hours=1),
+        description="How far ahead of now the on-prem prediction may place a job's start for it "
+        "to be displaced or kept (already-queued jobs only; future arrivals are never assumed).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Displacement:
+        if not timedelta(0) < self.lookahead <= timedelta(hours=24):
+            raise field_problem("lookahead", "must be more than 0s and at most 24h")
+        return self
+
+
 class OnPrem(PolicyModel):
     """The on-prem capacity of the pool: what is used before any cloud node."""
 
@@ -134,8 +162,33 @@ class Trigger(PolicyModel):
     expected_boot: Duration = Field(
         default=timedelta(minutes=5),
         description="Boot time the wait-aware rule (wait_slo) allows for a burst node between "
-        "its launch and the job's start.",
+        "its launch and the job's start (with learn_boot: until enough boots are observed).",
     )
+    learn_boot: bool = Field(
+        default=False,
+        description="The wait-aware rule allows the learned launch-to-ready time instead of "
+        "expected_boot: the p90 of the observed boots of the policy's offerings (decayed, "
+        "24 h half-life; the slowest offering's), once at least 8 boots were seen.",
+    )
+    wait_model: WaitModel = Field(
+        default=WaitModel.POOLED,
+        description="How the wait-aware rule predicts on-prem starts: pooled (on-prem GPUs "
+        "pooled, first fit) or nodes (node by node with Slurm's backfill model, whole nodes for "
+        "jobs wider than a node; needs the queue source to report each running job's node, else "
+        "pooled is used and the decision says so).",
+    )
+    displacement: Displacement = Field(
+        default_factory=Displacement,
+        description="Which jobs to burst: displace cheaper queued jobs so that a dearer one keeps "
+        "its on-prem start (needs wait_slo and wait_model: nodes).",
+    )
+
+    @model_validator(mode="after")
+    def _wait_rules(self) -> Trigger:
+        if self.displacement.enabled and (self.wait_slo is None
+                                          or self.wait_model is not WaitModel.NODES):
+            raise field_problem("displacement", "enabled needs wait_slo set and wait_model: nodes")
+        return self
 
 
 class OfferingSpec(PolicyModel):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from orchestrator.domain.boot import BootLearner
 from orchestrator.domain.capacity import CapacityLearner
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.plan import Action, ActionReason, Terminate
@@ -110,6 +111,8 @@ class Engine:
         # Learned capacity (spot.by_expected_cost): fed every launch outcome and node end; the
         # policy controller's snapshot carries what it has learned (offering_health).
         self.learner: CapacityLearner | None = None
+        # Learned boot times (trigger.learn_boot): fed each boot once it has happened.
+        self.boot_learner: BootLearner | None = None
         world.on_node_idle = self._node_idle
         controller.bind(self)
 
@@ -249,6 +252,9 @@ class Engine:
                 return
             node = new
         self.last_change = now
+        if self.boot_learner is not None:
+            launched = seconds(self.provider.timeline(node.instance_id).launched_at)
+            self.boot_learner.booted(node.offering_key, now - launched, now / 3600.0)
         self.world.node_ready(node, now)
 
     def _interrupted(self, node_id: str, now: float) -> None:

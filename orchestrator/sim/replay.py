@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.domain.boot import BootLearner
 from orchestrator.domain.capacity import CapacityLearner
 from orchestrator.domain.offerings import Offering
 from orchestrator.planner.backfill import BackfillConfig
@@ -220,6 +221,8 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
         usable, _ = resolve_candidates(sim_policy, tuple(provider.offerings()), (), at(0))
         priors = published_priors([c.offering for c in usable]) if options.spot_data else {}
         engine.learner = CapacityLearner(priors)
+    if sim_policy.trigger.learn_boot:
+        engine.boot_learner = BootLearner()
     engine.run()
     return engine
 

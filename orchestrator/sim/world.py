@@ -185,7 +185,8 @@ class World:
         self._free_cache: tuple[int, tuple[int, ...]] = (-1, ())
         # Expected end of each on-prem running job (start + its duration, the trace's "time
         # limit"), for the wait-aware rule; kept per job so a snapshot only gathers them.
-        self._releases: dict[int, OnPremRelease] = {}
+        # One release per node the job holds (the node index: the per-node wait model reads it).
+        self._releases: dict[int, tuple[OnPremRelease, ...]] = {}
         self._releases_cache: tuple[int, tuple[OnPremRelease, ...]] = (-1, ())
         # Set by the engine: called when a burst node becomes idle (baselines time scale-down).
         self.on_node_idle: Callable[[str, float], None] | None = None
@@ -475,7 +476,9 @@ class World:
             self.running_onprem += 1
             self.onprem_running[job.index] = job
             end = now + job.run_s
-            self._releases[job.index] = OnPremRelease(job.gpus, at(end))
+            ends = at(end)
+            self._releases[job.index] = tuple(OnPremRelease(used, ends, index)
+                                              for index, used in alloc)
             for index, used in alloc:
                 self._node_runs[index][job.index] = (end, used)
             return
@@ -632,7 +635,7 @@ class World:
         onprem = OnPremState(self.onprem.total, self.onprem.free_total, free)
         version, releases = self._releases_cache
         if version != self.onprem.version:
-            releases = tuple(self._releases.values())
+            releases = tuple(r for per_job in self._releases.values() for r in per_job)
             self._releases_cache = (self.onprem.version, releases)
         return PoolQueue(self.pool_name, onprem, self._pending_tuple,
                          running_onprem_jobs=self.running_onprem,

@@ -292,7 +292,7 @@ def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode
         free_per_node=tuple(n.gpus_free for n in usable),
     )
     onprem_names = {n.name for n in onprem}
-    usable_names = {n.name for n in usable}
+    usable_index = {n.name: i for i, n in enumerate(usable)}  # the index in free_per_node
     running_onprem = running_burst = 0
     releases: list[OnPremRelease] = []
     for job in jobs:
@@ -304,9 +304,7 @@ def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode
             running_burst += 1
         elif hosts & onprem_names:
             running_onprem += 1
-            release = onprem_release(job, hostlist, usable_names)
-            if release is not None:
-                releases.append(release)
+            releases.extend(onprem_releases(job, hostlist, usable_index))
     return PoolQueue(
         pool=policy.pool.name,
         onprem=onprem_state,
@@ -317,22 +315,26 @@ def pool_queue(policy: Policy, jobs: list[dict[str, Any]], nodes: list[SlurmNode
     )
 
 
-def onprem_release(job: dict[str, Any], hosts: list[str], usable: set[str]) -> OnPremRelease | None:
-    """When a running job's GPUs on usable on-prem nodes free up: Slurm's ``end_time`` of a
-    running job is its start plus its time limit (the latest it may end; the wait-aware rule
-    reads it as the expected end). None for a job without a limit or without GPUs there."""
-    gpus = sum(gpus_on_node(job, index) for index, host in enumerate(hosts) if host in usable)
-    if gpus <= 0:
-        return None
+def onprem_releases(job: dict[str, Any], hosts: list[str],
+                    usable: dict[str, int]) -> list[OnPremRelease]:
+    """When a running job's GPUs on usable on-prem nodes free up, one release per node (its
+    index in ``usable``, the order of ``free_per_node``): Slurm's ``end_time`` of a running job
+    is its start plus its time limit (the latest it may end; the wait-aware rule reads it as the
+    expected end). None for a job without a limit or without GPUs there."""
+    held = [(usable[host], gpus_on_node(job, index)) for index, host in enumerate(hosts)
+            if host in usable]
+    held = [(node, gpus) for node, gpus in held if gpus > 0]
+    if not held:
+        return []
     limit = job.get("time_limit")
     if not (isinstance(limit, int) and 0 < limit < INFINITE_MINUTES):
-        return None  # no limit: it may hold its GPUs for as long as the rule looks ahead
+        return []  # no limit: it may hold its GPUs for as long as the rule looks ahead
     start, ends = _epoch(job.get("start_time")), _epoch(job.get("end_time"))
     if ends is None or (start is not None and ends <= start):
         if start is None:
-            return None
+            return []
         ends = start + timedelta(minutes=limit)
-    return OnPremRelease(gpus, ends)
+    return [OnPremRelease(gpus, ends, node) for node, gpus in held]
 
 
 class SlurmQueue:

@@ -21,7 +21,7 @@ from orchestrator.policy import load_policy_text
 from orchestrator.domain.snapshot import OnPremRelease
 from orchestrator.sources.slurm import (
     array_tasks_left,
-    onprem_release,
+    onprem_releases,
     job_gpus,
     parse_nodes,
     pending_jobs,
@@ -85,18 +85,21 @@ def test_pool_queue_reads_onprem_capacity_and_where_jobs_run():
     assert len(queue.pending) == 8
     # Job 13 holds 2 GPUs of onprem-1 until its start + 10-minute limit (what wait_slo reads).
     job = by_id(13)
+    # The release names its node by its index in free_per_node (the per-node wait model).
+    node = [n.name for n in NODES if "burst" not in n.features and n.usable].index("onprem-1")
     assert queue.onprem_releases == (
-        OnPremRelease(2, datetime.fromtimestamp(job["start_time"] + 600, UTC)),)
+        OnPremRelease(2, datetime.fromtimestamp(job["start_time"] + 600, UTC), node),)
 
 
 def test_a_running_job_without_a_time_limit_or_on_an_unusable_node_releases_nothing():
     running = dict(by_id(13))
-    assert onprem_release(running, ["onprem-1"], {"onprem-1"}).gpus == 2
-    assert onprem_release(running, ["onprem-1"], {"onprem-2"}) is None  # drained: not capacity
-    assert onprem_release({**running, "time_limit": 0}, ["onprem-1"], {"onprem-1"}) is None
+    [release] = onprem_releases(running, ["onprem-1"], {"onprem-1": 3})
+    assert (release.gpus, release.node) == (2, 3)
+    assert onprem_releases(running, ["onprem-1"], {"onprem-2": 0}) == []  # drained: not capacity
+    assert onprem_releases({**running, "time_limit": 0}, ["onprem-1"], {"onprem-1": 0}) == []
     no_end = {**running, "end_time": 0}  # the limit from the start time instead
-    assert onprem_release(no_end, ["onprem-1"], {"onprem-1"}).ends_at == datetime.fromtimestamp(
-        running["start_time"] + 600, UTC)
+    [release] = onprem_releases(no_end, ["onprem-1"], {"onprem-1": 0})
+    assert release.ends_at == datetime.fromtimestamp(running["start_time"] + 600, UTC)
 
 
 def test_nodes_carry_state_flags_gpus_and_features():
