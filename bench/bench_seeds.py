@@ -3,6 +3,7 @@ not a test.
 
     python bench/bench_seeds.py                   # seeds 0-4, the full ITP trace, ~4 minutes
     python bench/bench_seeds.py --seeds 0,1,2 --policy mine=my.yaml
+    python bench/bench_seeds.py --days 5 --seeds 0,1,2   # the first 5 days only
 
 The seed draws burst nodes' boot times (``providers/sim.py``), keyed by the launch request, whose
 id carries the policy's name: renaming a policy alone changes its draws. On the ITP trace one
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from orchestrator.policy import load_policy
-from orchestrator.sim import SimOptions, load_trace, simulate
+from orchestrator.sim import SimOptions, Trace, load_trace, simulate
 
 HERE = Path(__file__).resolve().parent
 POLICIES = [("itp-default", HERE / "policies" / "itp-default.yaml"),
@@ -44,16 +45,25 @@ def main() -> None:
     parser.add_argument("--policy", action="append", default=None,
                         help="NAME=FILE to run instead of itp-default and itp-immediate "
                         "(repeatable)")
+    parser.add_argument("--days", type=float, default=None,
+                        help="only jobs submitted in the first N days")
+    parser.add_argument("--node-gpus", type=int, default=8, help="GPUs per on-prem node")
     args = parser.parse_args()
     seeds = args.seeds
     trace = load_trace(args.trace)
+    if args.days is not None:
+        start = trace.jobs[0].submit_s
+        trace = Trace(f"{trace.name}[{args.days:g}d]",
+                      tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400),
+                      trace.source)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
     rows: dict[str, list[dict]] = {}
     clairvoyant_cost = None
     began = time.perf_counter()
     for seed in seeds:
-        options = SimOptions(seed=seed, slo_s=1800.0, node_gpus=8, onprem="p70", tick_s=60.0)
+        options = SimOptions(seed=seed, slo_s=1800.0, node_gpus=args.node_gpus, onprem="p70",
+                             tick_s=60.0)
         result = simulate(trace, policies, baselines=True, options=options)
         runs = {r["name"]: r for r in result.data["runs"]}
         clairvoyant_cost = runs["clairvoyant"]["cloud_cost_usd"]
