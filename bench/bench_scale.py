@@ -295,11 +295,16 @@ def _process(cmd: list[str], env: dict) -> tuple[float, float, subprocess.Comple
     return wall, used, done
 
 
+def cli_env(url: str, policy_file: Path, state: str) -> dict:
+    """The environment the CLI and ``burst api`` run under: this store and the bench policy."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "BURST_STATE_DIR": state,
+            "BURST_DATABASE_URL": url, "BURST_POLICY_FILES": json.dumps([str(policy_file)]),
+            "BURST_LOG_LEVEL": "WARNING"}
+
+
 def measure_cli(url: str, policy_file: Path, state: str, args: argparse.Namespace) -> None:
     burst = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BURST_STATE_DIR": state,
-           "BURST_DATABASE_URL": url, "BURST_POLICY_FILES": json.dumps([str(policy_file)]),
-           "BURST_LOG_LEVEL": "WARNING"}
+    env = cli_env(url, policy_file, state)
     submit = [*burst, "submit", "--project", "project-00", "--gpus", "1", "--duration", "1h",
               "--json", "--count"]
     one = _process([*submit, "1"], env)

@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.costs.spend import burn_rate_usd_hour, spend
+from orchestrator.costs.spend import burn_of, spend
 from orchestrator.planner.budgets import (
     MICRO,
     grade_in_force,
@@ -85,13 +85,17 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     if not any(p.budgets for p in policies):
         return []
     live = store.nodes()  # every node not terminated, of any policy (budgets cover a pool)
+    # Read once for every budget, as the planner's budget_spend does (a read per budget scanned
+    # every node once per budget); the burn rate from the same live nodes.
+    accrual = store.ledger_accrual_nodes()
     out = []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
-            spent = spend(store, since=start, until=end, now=now, pool=pool, project=budget.project)
-            burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
+            spent = spend(store, since=start, until=end, now=now, pool=pool, project=budget.project,
+                          accrual=accrual)
+            burn = burn_of(live, pool=pool, project=budget.project)
             committed = sum((outstanding_usd(n, now) for n in live
                              if in_scope(budget, pool, n.pool, n.project)), Decimal(0))
             used = spent + committed

@@ -19,6 +19,7 @@ from decimal import Decimal
 
 from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
 from orchestrator.costs.ledger import DEFAULT_BILLING
+from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot import BudgetSpend
 from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
@@ -67,6 +68,14 @@ def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | 
     return sum((Decimal(str(p)) for p in prices), Decimal(0))
 
 
+def burn_of(live: Iterable[Node], *, pool: str | None = None, project: str | None = None
+            ) -> Decimal:
+    """:func:`burn_rate_usd_hour` of nodes read already (``live``: the nodes not terminated)."""
+    return sum((Decimal(str(n.price_usd_hour)) for n in live
+                if (pool is None or n.pool == pool) and (project is None or n.project == project)
+                and n.state != NodeState.TERMINATED), Decimal(0))
+
+
 def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
                  ) -> dict[str, BudgetSpend]:
     """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger (what
@@ -91,4 +100,4 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     return out
 
 
-__all__ = ["budget_spend", "burn_rate_usd_hour", "spend"]
+__all__ = ["budget_spend", "burn_of", "burn_rate_usd_hour", "spend"]

@@ -58,6 +58,8 @@ def upgrade() -> None:
         *_columns(),
         sa.PrimaryKeyConstraint("day", *_KEYS, name="pk_cost_rollup_days"),
     )
+    op.create_index("ix_cost_rollup_days_project_report", "cost_rollup_days",
+                    ["project", "day", *_SUMS])
     columns = ", ".join(f'"{c}"' for c in (*_KEYS, *_SUMS))
     op.execute(f"INSERT INTO cost_rollup_hours (period_start, day, {columns}) "
                f"SELECT period_start, MIN(day), {_SELECT_KEYS}, {_SELECT_SUMS} FROM cost_lines "
@@ -68,5 +70,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_cost_rollup_days_project_report", table_name="cost_rollup_days")
     op.drop_table("cost_rollup_days")
     op.drop_table("cost_rollup_hours")

@@ -1,0 +1,140 @@
+"""Benchmark: the cost API over a quarter of ledger, through the real API, each figure next to a
+floor measured in the same run. Prints figures; not a test.
+
+    python bench/bench_costs.py [--lines 300000] [--nodes 100] [--clients 1,8] [--seconds 5]
+                                [--repeat 20] [--pg [URL]] [--no-sqlite]
+
+Builds, through the real migrations, a store (SQLite in a temporary directory; with ``--pg`` a
+fresh PostgreSQL database on the server of URL, default the test server, dropped afterwards)
+holding ``--lines`` cost lines over 90 days (bench_report's spread, loaded in bulk, then the
+roll-ups rebuilt from them as migration 0014 does) and ``--nodes`` ready burst nodes (the scale
+bench's site without its pending queue), with the scale bench's policy (11 budgets). Then:
+
+* in this process, ``--repeat`` times each: the floor, a plain ``SELECT COUNT(*)`` over the day
+  roll-up through the driver; the 90-day sums by project from the roll-ups and from the lines
+  (what every report read before the roll-ups);
+* ``burst api`` (uvicorn, one process, as deployed) under each of ``--clients`` concurrent
+  keep-alive clients for ``--seconds`` per route: p50/p99 of ``/v1/costs`` over 30 and 90 days
+  grouped by project and of ``/v1/budgets``, next to ``/healthz`` (what any answer costs through
+  uvicorn and the middleware).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import sqlalchemy as sa
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import bench_report  # noqa: E402
+import bench_scale  # noqa: E402
+from bench_api_load import _quantile  # noqa: E402
+
+from orchestrator.store import Store  # noqa: E402
+
+
+def _ms(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """(p50, p99) wall milliseconds of ``fn`` over ``repeat`` calls, after one warm call."""
+    fn()
+    samples = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - began) * 1000)
+    return statistics.median(samples), _quantile(samples, 0.99)
+
+
+def _count_floor(store: Store) -> Callable[[], object]:
+    def count() -> object:
+        raw = store.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute("SELECT COUNT(*) FROM cost_rollup_days")
+            rows = cursor.fetchall()
+            cursor.close()
+            return rows
+        finally:
+            raw.close()
+    return count
+
+
+def measure(store: Store, label: str, args: argparse.Namespace) -> None:
+    print(f"\n== {label}: {args.lines:,} cost lines over 90 days, {args.nodes:,} burst nodes")
+    began = time.perf_counter()
+    bench_scale.build_site(store, 0, args.nodes, args.lines, random.Random(42))
+    with store.engine.connect() as conn:
+        hours, days = (int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar())
+                       for t in ("cost_rollup_hours", "cost_rollup_days"))
+    print(f"  built in {time.perf_counter() - began:.1f} s; roll-ups: {hours:,} hour rows, "
+          f"{days:,} day rows")
+    end = bench_report.END
+    since = end - timedelta(days=91)
+    floor = _ms(_count_floor(store), args.repeat)
+    fast = _ms(lambda: store.cost_sums(["project"], since=since, until=end), args.repeat)
+    slow = _ms(lambda: store.cost_sums(["project"], since=since, until=end, from_lines=True),
+               max(args.repeat // 4, 3))
+    print(f"  in process, p50 / p99 of {args.repeat} calls:")
+    print(f"    floor: SELECT COUNT(*) over the day roll-up  {floor[0]:7.1f} / {floor[1]:7.1f} ms")
+    print(f"    91 days by project from the roll-ups        {fast[0]:7.1f} / {fast[1]:7.1f} ms "
+          f"({fast[0] / floor[0]:.1f}x the floor)")
+    print(f"    91 days by project from the lines           {slow[0]:7.1f} / {slow[1]:7.1f} ms "
+          f"({slow[0] / fast[0]:.0f}x the roll-ups)")
+    with tempfile.TemporaryDirectory(prefix="bench-costs-") as state:
+        policy_file = Path(state) / "bench.yaml"
+        policy_file.write_text(yaml.safe_dump(bench_scale.cli_policy_doc()))
+        url = store.url if store.dialect == "postgresql" else str(store.engine.url)
+        if store.dialect == "postgresql":
+            url = store.engine.url.render_as_string(hide_password=False)
+        env = bench_scale.cli_env(url, policy_file, state)
+        for clients in args.clients:
+            bench_scale.measure_api(env, url, argparse.Namespace(clients=clients,
+                                                                 seconds=args.seconds))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lines", type=int, default=300_000)
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--clients", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None,
+                    help="also on PostgreSQL (a fresh database on this server, dropped after)")
+    ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")
+    args = ap.parse_args()
+    if not (args.no_sqlite and args.pg):
+        with tempfile.TemporaryDirectory(prefix="bench-costs-db-") as tmp:
+            with Store(f"sqlite:///{Path(tmp) / 'burst.db'}") as store:
+                store.upgrade()
+                measure(store, "SQLite", args)
+    if args.pg:
+        admin = sa.create_engine(args.pg, isolation_level="AUTOCOMMIT")
+        name = f"bench_costs_{secrets.token_hex(4)}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+        try:
+            url = sa.make_url(args.pg).set(database=name).render_as_string(hide_password=False)
+            with Store(url) as store:
+                store.upgrade()
+                measure(store, "PostgreSQL", args)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
