@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.costs.spend import burn_of, spend
+from orchestrator.costs.spend import WindowLines, burn_of, spend
 from orchestrator.planner.budgets import (
     MICRO,
     grade_in_force,
@@ -88,13 +88,14 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     # Read once for every budget, as the planner's budget_spend does (a read per budget scanned
     # every node once per budget); the burn rate from the same live nodes.
     accrual = store.ledger_accrual_nodes()
+    window_lines = WindowLines(store)  # one grouped read of the ledger per budget window
     out = []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
             spent = spend(store, since=start, until=end, now=now, pool=pool, project=budget.project,
-                          accrual=accrual)
+                          accrual=accrual, lines=window_lines(start, end))
             burn = burn_of(live, pool=pool, project=budget.project)
             committed = sum((outstanding_usd(n, now) for n in live
                              if in_scope(budget, pool, n.pool, n.project)), Decimal(0))

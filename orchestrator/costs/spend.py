@@ -13,12 +13,13 @@ was launched for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 
 from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
 from orchestrator.costs.ledger import DEFAULT_BILLING
+from orchestrator.domain.costs import NO_PROJECT
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot import BudgetSpend
 from orchestrator.planner.budgets import budget_key, window_bounds
@@ -32,17 +33,23 @@ _MICROS = Decimal(1_000_000)
 
 def spend(store: Store, *, since: datetime, until: datetime, now: datetime,
           pool: str | None = None, project: str | None = None,
-          accrual: list[AccrualNode] | None = None) -> Decimal:
+          accrual: list[AccrualNode] | None = None,
+          lines: Mapping[tuple[str | None, str | None], int] | None = None) -> Decimal:
     """USD of burst (not on-prem) cost lines whose bucket starts in [since, until), filtered by
     ``pool`` and ``project``, plus the live accrual of nodes the roll-up has not caught up with
     (up to ``now``, inside the window). Exact to the micro-dollar. ``accrual``: every node's
     accrual as read once for several budgets (``store.ledger_accrual_nodes()``), filtered here;
-    default: read for this pool and project."""
+    default: read for this pool and project. ``lines``: the window's burst micro-dollars per
+    (pool, project) as :class:`WindowLines` reads them once for several budgets."""
     for name, moment in (("since", since), ("until", until), ("now", now)):
         require_aware(moment, name)
     if since >= until:
         raise ValueError(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
-    total = store.ledger_cost_micros(since=since, until=until, pool=pool, project=project)
+    if lines is None:
+        total = store.ledger_cost_micros(since=since, until=until, pool=pool, project=project)
+    else:
+        total = sum(v for (p, j), v in lines.items() if (pool is None or p == pool)
+                    and (project is None or j == project or (project == NO_PROJECT and j is None)))
     if accrual is None:
         nodes = store.ledger_accrual_nodes(pool=pool, project=project)
     else:
@@ -58,6 +65,24 @@ def spend(store: Store, *, since: datetime, until: datetime, now: datetime,
             span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum too
         total += usd_micros(rate(node.price_usd_hour), span)
     return Decimal(total) / _MICROS
+
+
+class WindowLines:
+    """The ledger's burst micro-dollars per (pool, project) of each budget window, read once per
+    window however many budgets share it (one grouped query over the roll-ups each)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._windows: dict[tuple[datetime, datetime], dict[tuple[str | None, str | None], int]] = {}
+
+    def __call__(self, since: datetime, until: datetime
+                 ) -> dict[tuple[str | None, str | None], int]:
+        key = (since, until)
+        if key not in self._windows:
+            self._windows[key] = {
+                (s.keys[0], s.keys[1]): s.cost_micros
+                for s in self._store.cost_sums(["pool", "project"], since=since, until=until)}
+        return self._windows[key]
 
 
 def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | None = None
@@ -88,16 +113,18 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     policies = list(policies)
     # Read once for every budget (a read per budget scanned every node once per budget).
     accrual = store.ledger_accrual_nodes() if any(p.budgets for p in policies) else []
+    window_lines = WindowLines(store)
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
             spent = spend(store, since=start, until=end, now=now, pool=pool,
-                          project=budget.project, accrual=accrual)
+                          project=budget.project, accrual=accrual,
+                          lines=window_lines(start, end))
             burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
             out[budget_key(policy.name, budget.name)] = BudgetSpend(
                 spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)
     return out
 
 
-__all__ = ["budget_spend", "burn_of", "burn_rate_usd_hour", "spend"]
+__all__ = ["WindowLines", "budget_spend", "burn_of", "burn_rate_usd_hour", "spend"]
