@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from orchestrator.domain.nodes import Node, NodeState, OwnershipTags
-from orchestrator.domain.offerings import offering_from_key
+from orchestrator.domain.offerings import Offering, offering_from_key
 from orchestrator.domain.plan import Action, ActionReason, Drain, Launch, Plan, Terminate
 from orchestrator.domain.ports import (
     AuthError,
@@ -152,8 +152,15 @@ class Executor:
     # -- launch --------------------------------------------------------------------------------
     def _launch(self, action: Launch, report: ExecutionReport) -> None:
         node = self.record_launch(action)
-        if node is not None:
-            self._call_launch(node, action.offering, report)
+        if node is None:
+            return
+        group = self.store.group_of_node(node.id)
+        if group is not None:
+            # a re-issued launch of a group's node: the group carries it (into its placement
+            # group, falling back as a whole if it cannot be had)
+            launch_recorded_group(self, group.group_id, report)
+            return
+        self._call_launch(node, action.offering, report)
 
     def record_launch(self, action: Launch) -> Node | None:
         """Write the launch intent (``requested``, with the request id); no provider call.
@@ -197,17 +204,20 @@ class Executor:
             self._launch_stored(node, report, raise_transient=raise_transient)
         return report
 
-    def _launch_stored(self, node: Node, report: ExecutionReport, *, raise_transient: bool,
-                       placement_group: str | None = None) -> None:
+    def _launch_stored(self, node: Node, report: ExecutionReport, *, raise_transient: bool) -> None:
+        group = self.store.group_of_node(node.id)
+        if group is not None:
+            launch_recorded_group(self, group.group_id, report)  # see _launch
+            return
+        self._call_launch(node, self._stored_offering(node), report,
+                          raise_transient=raise_transient)
+
+    def _stored_offering(self, node: Node) -> Offering:
+        """The offering a recorded node was launched for (GPU model from its policy)."""
         policy = self.policies.get(node.policy)
         gpu_model = next((s.gpu_model for s in (policy.offerings if policy else ())
                           if s.instance_type == node.instance_type and s.gpu_model), "")
-        offering = offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
-        if placement_group is None:
-            group = self.store.group_of_node(node.id)
-            placement_group = group.name if group is not None else None
-        self._call_launch(node, offering, report, raise_transient=raise_transient,
-                          placement_group=placement_group)
+        return offering_from_key(node.offering_key, node.gpus, node.price_usd_hour, gpu_model)
 
     def launch_group_recorded(self, group_id: str) -> ExecutionReport:
         """Carry out a launch group whose intents are recorded (:func:`record_group`): the
@@ -221,8 +231,8 @@ class Executor:
         """Launch one recorded node (of a launch group); returns its state after the call:
         ``launching`` (accepted), ``requested`` (transient: retried later), else it failed."""
         with log_context(policy=node.policy, node=node.id):
-            self._launch_stored(node, report, raise_transient=False,
-                                placement_group=placement_group)
+            self._call_launch(node, self._stored_offering(node), report,
+                              placement_group=placement_group)
         current = self.store.get_node(node.id)
         return current.state if current is not None else NodeState.FAILED
 

@@ -185,3 +185,52 @@ def _confirm_gone(store: Store, node, clock) -> None:
     if current.state is NodeState.TERMINATING:
         new, event = transition(current, NodeState.TERMINATED, at=clock.now(), reason="gone")
         store.save_transition(current, new, event)
+
+
+def test_a_group_delivered_twice_launches_nothing_twice(store, provider, peer, cluster):
+    executor, policy, _ = _executor(store, provider, cluster)
+    tag = uuid.uuid4().hex[:6]
+    executor.run(_group(policy, 2, tag))
+    executor.run(_group(policy, 2, tag))  # a duplicate delivery of the same plan
+    assert len(provider.list_owned(cluster)) == 2
+    assert peer.calls("CreatePlacementGroup") == 1
+
+
+def test_a_crash_after_the_groups_create_is_resumed_into_the_same_group(store, provider, peer,
+                                                                       cluster):
+    executor, policy, _ = _executor(store, provider, cluster)
+    tag = uuid.uuid4().hex[:6]
+    launches = _group(policy, 2, tag)
+    # the controller died after EC2 created the group, before the outcome was recorded
+    from orchestrator.groups import record_group
+
+    record = record_group(executor, launches)
+    provider.placement.create_group(record.group_id, P5, 2, GroupTags(cluster, policy.name,
+                                                                      record.group_id))
+    assert store.get_group(record.group_id).state is GroupState.REQUESTED
+    report = executor.launch_group_recorded(record.group_id)  # the next controller resumes it
+    assert sorted(report.launched) == [a.node_id for a in launches]
+    assert len(ec2_groups(peer, group_name(record.group_id))) == 1
+    assert sorted(peer.placement.members(group_name(record.group_id))) == sorted(
+        i.id for i in provider.list_owned(cluster))
+
+
+def test_a_transient_error_then_capacity_on_the_retry_still_falls_back_whole(store, provider,
+                                                                            peer, cluster):
+    executor, policy, _ = _executor(store, provider, cluster)
+    tag = uuid.uuid4().hex[:6]
+    launches = _group(policy, 3, tag)
+    peer.inject("RunInstances", 503, "RequestLimitExceeded", "Request limit exceeded.", after=1)
+    report = executor.run(launches)
+    assert report.launched == [f"{tag}-n0"]  # n1 hit throttling: n1 and n2 wait, requested
+    waiting = {n.id for n in store.nodes(policy.name) if n.state is NodeState.REQUESTED}
+    assert waiting == {f"{tag}-n1", f"{tag}-n2"}
+    # the reconciler re-issues n1 (a plain Launch, same request id); EC2 is out of capacity now
+    peer.inject("RunInstances", 500, "InsufficientInstanceCapacity", "no capacity")
+    again = executor.run([Launch(policy.name, policy.pool.name, f"{tag}-n1", f"{tag}-r1", P5,
+                                 ActionReason.RETRY_LAUNCH)])
+    assert again.capacity_errors == [P5.key]
+    running = [i for i in provider.list_owned(cluster)
+               if i.state not in (InstanceState.TERMINATED, InstanceState.STOPPING)]
+    assert running == []  # 0 stranded nodes: n0 went with its group
+    assert store.get_group(f"{tag}-g").state in (GroupState.DELETING, GroupState.DELETED)
