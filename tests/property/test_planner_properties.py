@@ -38,8 +38,9 @@ from tests.builders import (
 
 S = NodeState
 TICK = timedelta(seconds=30)
-# BURST_PROPERTY_EXAMPLES raises the number of examples for a longer, deeper run.
-SETTINGS = settings(max_examples=int(os.environ.get("BURST_PROPERTY_EXAMPLES", "150")), deadline=None,
+# 60 examples a property in the default run; BURST_PROPERTY_EXAMPLES raises the number for a longer,
+# deeper run (e.g. BURST_PROPERTY_EXAMPLES=1000).
+SETTINGS = settings(max_examples=int(os.environ.get("BURST_PROPERTY_EXAMPLES", "60")), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -15,7 +15,8 @@ from orchestrator.sim.controllers import PolicyController
 from tests.sim.helpers import nodes_by_launch, run_with, sim_policy, trace
 
 TICK_S = 60.0
-STREAM = [(f"j{i}", 600.0 * i, 3600.0, 8) for i in range(200)]  # 8-GPU jobs of 1 h every 10 min
+# 8-GPU jobs of 1 h every 10 min: 100 of them outrun a $40 cap more than twentyfold unchecked.
+STREAM = [(f"j{i}", 600.0 * i, 3600.0, 8) for i in range(100)]
 
 
 def run(policy, jobs):
@@ -32,8 +33,8 @@ def bound(engine, limit: float) -> float:
 @pytest.mark.parametrize("grades", [[], [{"at_percent": 100, "action": "no-new-launches"}], None],
                          ids=["no-grades", "only-no-new-launches", "default-grades"])
 def test_a_40_dollar_budget_caps_a_stream_of_work(grades) -> None:
-    """Before: $1,205 on a $40 budget with grades [] or only no-new-launches (nodes already up
-    kept taking work forever); +5 % with the default grades."""
+    """Before: $1,205 on a $40 budget (a stream of 200 such jobs) with grades [] or only
+    no-new-launches (nodes already up kept taking work forever); +5 % with the default grades."""
     budget = {"name": "cap", "limit_usd": 40}
     if grades is not None:
         budget["grades"] = grades

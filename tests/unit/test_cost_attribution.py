@@ -201,7 +201,7 @@ def histories(draw):
     return n, jobs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(histories())
 def test_lines_add_up_exactly_never_negative_and_split_by_use(history) -> None:
     n, jobs = history

@@ -78,7 +78,7 @@ def instances(draw):
     return size, small + wide
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(instances())
 @example((8, [3, 3, 5, 5]))
 @example((8, [3, 7, 1, 4, 2, 2, 5]))  # largest-leftover-first needs one node more than FFD here
