@@ -73,11 +73,13 @@ class Observer:
 
     def snapshot(self, now: datetime, paused_pools: frozenset[str] = frozenset(),
                  policies: Iterable[Policy] | None = None,
-                 queue_read: QueueRead | None = None) -> Snapshot:
+                 queue_read: QueueRead | None = None, read_queues: bool = True) -> Snapshot:
         """The world at ``now``. ``paused_pools`` adds to the pools paused in the store;
         ``policies`` (default: those the observer was built with) name the budgets to observe;
         ``queue_read``: the built-in queue as this tick read it already (on-prem dispatch's read,
-        see :meth:`BuiltinQueue.dispatch`), so the queue is read once per tick."""
+        see :meth:`BuiltinQueue.dispatch`), so the queue is read once per tick.
+        ``read_queues=False``: no queue source is asked (no queues, node usage or burst runs):
+        a Slurm power-save resume brings its own demand, and must not fail with squeue."""
         controls = self.store.pool_controls()
         paused = frozenset(paused_pools) | {pool for pool, c in controls.items() if c.paused}
         prewarm: dict[str, PrewarmRequest] = {}
@@ -86,14 +88,15 @@ class Observer:
             if request is not None:
                 prewarm[pool] = request
         shared = {} if queue_read is None else {"read": queue_read}
-        queues = self.queue.observe(now, **shared)
+        queues = self.queue.observe(now, **shared) if read_queues else {}
         nodes = self.store.nodes()
         usage: dict[str, NodeUsage] = {}
-        node_usage = getattr(self.queue, "node_usage", None)
+        node_usage = getattr(self.queue, "node_usage", None) if read_queues else None
         if node_usage is not None:
             usage = node_usage([n.id for n in nodes if n.state in (NodeState.READY, NodeState.DRAINING)],
                                **shared)
-        runs = getattr(self.queue, "burst_runs", None)  # whose work runs on which burst node
+        # whose work runs on which burst node
+        runs = getattr(self.queue, "burst_runs", None) if read_queues else None
         observed = []
         for node in nodes:
             u = usage.get(node.id)

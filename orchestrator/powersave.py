@@ -127,7 +127,8 @@ def resume(rt: Runtime, policy: Policy, names: Sequence[str]) -> Outcome:
                 gpus[name] = found
         now = rt.clock.now()
         requests = requests_of(names, gpus, _default_gpus(policy))
-        snapshot = rt.observer.snapshot(now, policies=[policy])
+        # Slurm has decided already: its queue is not read (nor needed to be up).
+        snapshot = rt.observer.snapshot(now, policies=[policy], read_queues=False)
         planned = plan_resume(snapshot, policy, requests, now)
         outcome.decision_id = planned.decision.id
         for name, launch in planned.launches.items():
