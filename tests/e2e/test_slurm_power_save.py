@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,26 @@ def wait_for(what: str, condition, timeout_s: float, every: float = 0.5):
     raise AssertionError(f"{what} not within {timeout_s:.0f}s")
 
 
+def timings(submitted, finished_at, power_log: str, decision, events) -> str:
+    """The cycle's figures: when each program was called (power.log, local time of this host)
+    and what burst recorded."""
+    called = {}
+    for line in power_log.splitlines():
+        clock, action = line.split()[:2]
+        at = datetime.combine(submitted.date(), datetime.strptime(clock[:15], "%H:%M:%S.%f").time(),
+                              tzinfo=datetime.now().astimezone().tzinfo).astimezone(UTC)
+        called.setdefault(action, at)
+    at = {str(e.to_state): e.at for e in events}
+    def s(a, b) -> str:
+        return f"{(b - a).total_seconds():.1f}s"
+    return ("power save e2e: submit -> ResumeProgram " + s(submitted, called["resume"])
+            + "; ResumeProgram -> decision " + s(called["resume"], decision.at)
+            + "; decision -> node ready " + s(decision.at, at["ready"])
+            + "; submit -> job done " + s(submitted, finished_at)
+            + "; SuspendProgram -> terminating " + s(called["suspend"], at["terminating"])
+            + "; terminating -> terminated " + s(at["terminating"], at["terminated"]))
+
+
 def node_line(slurm, name: str) -> str:
     return slurm.run("scontrol", "-o", "show", "node", name, check=False)
 
@@ -109,11 +130,13 @@ def test_slurm_power_save_resumes_through_burst_and_suspends(slurm, tmp_path):
     try:
         # 1. Resume through burst, run the job, suspend after SuspendTime.
         out = tmp_path / "job.out"
+        submitted = datetime.now(UTC)
         job = slurm.run("sbatch", "--parsable", "-p", "cloud", "--gres=gpu:4", "-t", "2",
                         "-o", str(out), "--wrap", "echo ran on $SLURMD_NODENAME; sleep 1").strip()
         finished = wait_for("the cloud job's end", lambda: next(
             (j for j in slurm.jobs() if str(j["job_id"]) == job
              and j["job_state"] in ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL")), None), 100)
+        finished_at = datetime.now(UTC)
         assert finished["job_state"] == "COMPLETED", (finished, node_line(slurm, "cloud-1"))
         assert out.read_text().startswith("ran on cloud-"), out.read_text()
         ran_on = out.read_text().split()[2]
@@ -140,6 +163,7 @@ def test_slurm_power_save_resumes_through_burst_and_suspends(slurm, tmp_path):
         power_log = (slurm.base / "log" / "power.log").read_text()
         assert f"resume {ran_on}" in power_log and f"suspend {ran_on}" in power_log, power_log
         wait_for("the node's processes to end", lambda: node_processes(str(state)) == [], 20)
+        print("\n" + timings(submitted, finished_at, power_log, decision, events))
 
         # 2. An exhausted budget: the resume launches nothing and Slurm shows why.
         policy_file.write_text(yaml.safe_dump(policy_doc(slurm.conf, budget_usd=0.01)))
