@@ -118,6 +118,9 @@ def _upsert(conn: Connection, insert: Any, table: sa.Table, names: Sequence[str]
 def rebuild(conn: Connection) -> tuple[int, int]:
     """Make both roll-ups exactly the sums of ``cost_lines`` (what migration 0014 does on
     upgrade), in ``conn``'s transaction. Returns (hour rows, day rows)."""
+    if conn.dialect.name == "postgresql":
+        # No line written while the roll-ups are rebuilt from them (writers wait, readers read).
+        conn.exec_driver_sql("LOCK TABLE cost_lines IN SHARE MODE")
     c = T.cost_lines.c
     burst = c.kind != CostKind.ONPREM.value
 
