@@ -53,6 +53,7 @@ from orchestrator.instruments import LEAKED_COLLECTED
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.logs import log_context
 from orchestrator.policy.models import Policy
+from orchestrator.policy.tags import cost_tags
 from orchestrator.store import Store
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ class Executor:
         event = NodeEvent(node.id, now, None, NodeState.REQUESTED, str(action.reason),
                           {"decision": action.decision_id, "offering": offering.key,
                            "request_id": action.request_id, "project": action.project,
+                           "user": action.user,
                            "budget_commit_usd": action.budget_commit_usd})
         if not self.store.add_node(node, event):
             existing = self.store.get_node(action.node_id) or self.store.node_by_request(action.request_id)
@@ -240,6 +242,15 @@ class Executor:
         """A recorded node that will not be launched: failed, then terminated."""
         self._fail_unlaunched(node, why)
 
+    def _launched_for_user(self, node_id: str) -> str | None:
+        """The user the node's launch intent recorded (its ``requested`` event), if one: the
+        provider call may run in another task than the one that recorded the intent."""
+        for event in self.store.events(node_id, limit=50):
+            if event.to_state is NodeState.REQUESTED and event.from_state is None:
+                user = (event.details or {}).get("user")
+                return user if isinstance(user, str) and user else None
+        return None
+
     def _call_launch(self, node: Node, offering, report: ExecutionReport, *,
                      raise_transient: bool = False, placement_group: str | None = None) -> None:
         provider = self.providers.get(node.provider)
@@ -266,7 +277,9 @@ class Executor:
         else:
             user_data = bootstrap.render()
         request = LaunchRequest(node.request_id, offering, tags, user_data,
-                                placement_group=placement_group)
+                                placement_group=placement_group,
+                                cost_tags=cost_tags(policy.tags if policy else {}, node.project,
+                                                    self._launched_for_user(node.id)))
         try:
             instances = provider.launch(request)
         except CapacityError as exc:

@@ -79,6 +79,9 @@ class Launch:
     # idle tail); recorded on the node so budgets count it until it is spent.
     budget_commit_usd: float = 0.0
     jobs: tuple[str, ...] = ()  # the pending jobs it is launched for (empty: min-nodes, pre-warm)
+    # The one user all of ``jobs`` belong to (None: several, none known, or no jobs); the node's
+    # ``burst:user`` cost-allocation tag.
+    user: str | None = None
     # Launch group: the nodes of one multi-node job, all of one offering (one provider, region,
     # zone), launched together in one placement group or not at all. None: a lone node.
     group: str | None = None

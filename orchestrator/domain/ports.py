@@ -7,6 +7,7 @@ node to the training fabric), and only ``orchestrator.wiring`` chooses them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -33,7 +34,9 @@ class LaunchRequest:
 
     ``request_id`` is the idempotency token: launching twice with the same id yields one instance.
     ``user_data`` is the node's bootstrap (node id, controller address, join token), delivered the
-    way the provider delivers user-data/metadata.
+    way the provider delivers user-data/metadata. ``cost_tags`` are the cost-allocation tags the
+    instance carries besides its ownership (``burst:project``, ``burst:user``, the policy's
+    ``tags:``; see :mod:`orchestrator.policy.tags`), written as the provider writes tags.
     """
 
     request_id: str
@@ -42,6 +45,7 @@ class LaunchRequest:
     user_data: str
     # The provider-side name of the placement group the node launches into (None: none).
     placement_group: str | None = None
+    cost_tags: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

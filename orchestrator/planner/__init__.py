@@ -611,6 +611,7 @@ def _launches(policy: Policy, grants: list[Grant], did: str, reason: ActionReaso
             decision_id=did,
             budget_commit_usd=float(grant.commit_usd),
             jobs=grant.jobs,
+            user=grant.user,
         ))
     return launches
 

@@ -138,6 +138,12 @@ class Grant:
     # Launch group: index of the group's first grant (this tick) and its node count; -1: alone.
     group: int = -1
     group_size: int = 1
+    users: frozenset[str | None] = frozenset()  # the users of ``jobs`` (None: a job of no user)
+
+    @property
+    def user(self) -> str | None:
+        """The one user of all its jobs, if there is one (the ``burst:user`` tag)."""
+        return next(iter(self.users)) if len(self.users) == 1 else None
 
 
 def grant_nodes(
@@ -360,7 +366,8 @@ class _Pass:
             self.bins.add(0)  # a whole node the job fills: nothing else packs onto it
             self.granted_bin[len(self.bins.free) - 1] = len(self.grants)
             self.grants.append(Grant(candidate, job.project, runtime, commit, (job.id,),
-                                     group=first, group_size=count))
+                                     group=first, group_size=count,
+                                     users=frozenset((job.user,))))
         self.held[job.project] = self.held.get(job.project, 0) + count * candidate.offering.gpus
 
     def _pack(self, job: Job, where: list[int]) -> None:
@@ -396,7 +403,8 @@ class _Pass:
             g = self.granted_bin.get(index)
             if g is not None:
                 grant = self.grants[g]
-                self.grants[g] = replace(grant, jobs=grant.jobs + (job.id,))
+                self.grants[g] = replace(grant, jobs=grant.jobs + (job.id,),
+                                         users=grant.users | {job.user})
 
     def _fair_order(self, jobs: list[Job]) -> Iterator[Job]:
         """``jobs`` (in scheduling order) by priority, and within a priority by water-filling:

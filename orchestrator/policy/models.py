@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import UTC, timedelta
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
@@ -37,6 +37,7 @@ from orchestrator.policy.fabric import FabricConfig, FabricKind
 from orchestrator.policy.notifications import Notifications
 from orchestrator.policy.providers import ProviderSettings
 from orchestrator.policy.storage import Storage
+from orchestrator.policy.tags import tag_problems
 
 
 class QueueSourceKind(StrEnum):
@@ -682,6 +683,14 @@ class Policy(PolicyModel):
         "any; none: no requirement). Offerings without it are not used for such jobs; a policy "
         "none of whose offerings has it is an error.",
     )
+    tags: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict,
+        description="Cost-allocation tags every instance of the pool carries (AWS tags, GCP "
+        "labels, libcloud metadata), besides burst's own: burst:project (the project whose work "
+        "launched it) and burst:user (when that work is one user's). With a gcp provider keys "
+        "and values follow GCP's label rules (lower case, [a-z0-9_-], at most 63). See "
+        "docs/costs.md, 'Reconciling with the cloud bill'.",
+    )
     notifications: Notifications = Field(
         default_factory=Notifications,
         description="Webhooks told about budget grades and forecast overruns, repeated launch "
@@ -724,7 +733,17 @@ class Policy(PolicyModel):
             (o.max_nodes is None or o.max_nodes > 0) for o in self.offerings
         ):
             raise field_problem("limits.min_nodes", "no offering may launch a node")
+        self._check_tags()
         return self
+
+    def _check_tags(self) -> None:
+        libcloud = self.providers.libcloud
+        gcp = self.providers.gcp is not None or (
+            libcloud is not None and str(getattr(libcloud, "driver", "")).lower() == "gce")
+        for key, message in tag_problems(self.tags, gcp=gcp):
+            # A key with '.' or '[' cannot be a path of the loader's: name the map instead.
+            at = "tags" if key is None or any(c in key for c in ".[]") else f"tags.{key}"
+            raise field_problem(at, message)
 
     @model_validator(mode="after")
     def _fabric_fits_queue(self) -> Policy:

@@ -1,7 +1,9 @@
 """What burst writes on EC2 and reads back: tags, RunInstances parameters, states, client tokens.
 
 The ownership tags (``burst:cluster`` ...) go on the instance and its root volume at creation,
-with the console ``Name`` and ``burst:offering`` (the offering key the node was launched for).
+with the console ``Name``, ``burst:offering`` (the offering key the node was launched for) and the
+cost-allocation tags (``burst:project``, ``burst:user``, the policy's ``tags:``), so Cost Explorer
+and the Cost and Usage Report split the instance's and its volume's cost by them.
 Imports ``orchestrator.domain`` and the standard library only.
 """
 
@@ -15,6 +17,7 @@ from orchestrator.domain.ports import InstanceState, LaunchRequest
 PROVIDER_NAME = "aws"
 OFFERING_TAG = "burst:offering"  # the offering key a node was launched for
 _CLIENT_TOKEN_MAX = 64  # EC2's limit on ClientToken
+_TAG_VALUE_MAX = 256  # EC2's limit on a tag value
 
 # EC2 instance state name -> ours.
 STATES: dict[str, InstanceState] = {
@@ -41,7 +44,11 @@ def launch_tags(req: LaunchRequest) -> dict[str, str]:
     # Besides the ownership tags: the console name, and the offering the node was launched
     # for, so a restarted controller maps the instance back to the policy's exact offering
     # (zonal or regional) without having to guess from type, market and zone.
-    return {**req.tags.as_dict(), "Name": req.tags.node_id, OFFERING_TAG: req.offering.key}
+    # Cost tags first: a policy tag can never overwrite an ownership tag (the policy refuses
+    # burst: keys anyway). Values from jobs (project, user) are cut to EC2's length limit.
+    cost = {key: value[:_TAG_VALUE_MAX] for key, value in req.cost_tags.items()}
+    return {**cost, **req.tags.as_dict(), "Name": req.tags.node_id,
+            OFFERING_TAG: req.offering.key}
 
 
 def run_params(

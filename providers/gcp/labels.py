@@ -1,6 +1,8 @@
 """GCP naming and the instance resource: burst's node <-> a Compute Engine instance, both ways.
 
-Instance names, ownership tags as GCP labels (and their exact copy in metadata), GCE's request ids,
+Instance names, ownership tags as GCP labels (and their exact copy in metadata), cost-allocation
+tags as labels (``burst-project``, ``burst-user`` and the policy's ``tags:``, which the billing
+export carries), GCE's request ids,
 instance ids, the status table, the body inserted for a launch and the ``Instance`` read back. See
 the package docstring (``providers.gcp``) for the rules. Imports ``orchestrator.domain`` and
 ``google.cloud.compute_v1`` only.
@@ -14,6 +16,7 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from google.cloud import compute_v1
@@ -94,6 +97,13 @@ def labels_for(tags: OwnershipTags) -> dict[str, str]:
     return {LABEL_KEYS[key]: label_value(value) for key, value in tags.as_dict().items()}
 
 
+def cost_labels(cost_tags: Mapping[str, str]) -> dict[str, str]:
+    """Cost-allocation tags as labels: ``burst:`` keys spelled ``burst-``, values made label-valid
+    (a user ``Ada.L@lab`` is ``ada-l-lab``; the policy's own tags are label-valid already)."""
+    return {key.replace(":", "-", 1) if key.startswith(f"{OwnershipTags.PREFIX}:") else key:
+            label_value(value) for key, value in cost_tags.items()}
+
+
 def tags_from_labels(labels: dict[str, str]) -> dict[str, str]:
     """The inverse key map (values as the labels hold them)."""
     return {TAG_KEYS[key]: value for key, value in labels.items() if key in TAG_KEYS}
@@ -129,7 +139,7 @@ def has_builtin_gpus(machine_type: str) -> bool:
 def instance_body(cfg: Any, req: LaunchRequest, zone: str, name: str) -> compute_v1.Instance:
     """The instance resource inserted for ``req``: labels, metadata, boot disk, NIC, scheduling."""
     offering = req.offering
-    labels = labels_for(req.tags)
+    labels = {**cost_labels(req.cost_tags), **labels_for(req.tags)}
     metadata = compute_v1.Metadata(
         items=[
             compute_v1.Items(key=META_USER_DATA, value=req.user_data),
@@ -149,6 +159,8 @@ def instance_body(cfg: Any, req: LaunchRequest, zone: str, name: str) -> compute
             source_image=cfg.image,
             disk_size_gb=int(cfg.disk_size_gb),
             disk_type=f"zones/{zone}/diskTypes/{disk_type}",
+            # A VM's labels do not reach its disk: the boot disk is billed apart, label it too.
+            labels=labels,
         ),
     )
     nic = compute_v1.NetworkInterface(network=cfg.network)

@@ -12,6 +12,7 @@ import inspect
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -147,7 +148,7 @@ class LibcloudProvider:
             image = self._resolve_image(req)
             kwargs: dict[str, Any] = {"name": name, "size": size, "image": image}
             if self._has_metadata:
-                kwargs["ex_metadata"] = self._write_tags(req.tags)
+                kwargs["ex_metadata"] = self._write_tags(req.tags, req.cost_tags)
             if self._has_userdata:
                 kwargs["ex_userdata"] = req.user_data
             if self._has_client_token:
@@ -316,8 +317,8 @@ class LibcloudProvider:
 
     # -- observing ----------------------------------------------------------------------------
 
-    def _write_tags(self, tags: OwnershipTags) -> dict[str, str]:
-        return write_tags(tags, dash_keys=self._dash_keys)
+    def _write_tags(self, tags: OwnershipTags, cost: Mapping[str, str] | None = None) -> dict[str, str]:
+        return write_tags(tags, dash_keys=self._dash_keys, cost=cost)
 
     def _read_tags(self, node: Node) -> dict[str, str]:
         """Our tags on ``node``, whichever way the driver reports them (keys as ``burst:*``)."""

@@ -61,11 +61,14 @@ def node_name(req: LaunchRequest, *, has_metadata: bool, driver_name: str) -> st
     return NAME_SEPARATOR.join(("burst", *parts))
 
 
-def write_tags(tags: OwnershipTags, *, dash_keys: bool) -> dict[str, str]:
-    """The metadata a node is created with: the ownership tags (``burst-*`` keys for GCE)."""
-    written = tags.as_dict()
+def write_tags(tags: OwnershipTags, *, dash_keys: bool,
+               cost: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The metadata a node is created with: the cost-allocation tags and the ownership tags
+    (``burst-*`` keys for GCE). Drivers without metadata get neither (the name holds ownership)."""
+    written = {**(cost or {}), **tags.as_dict()}
     if dash_keys:
-        written = {k.replace(":", "-", 1): v for k, v in written.items()}
+        written = {k.replace(":", "-", 1) if k.startswith(TAG_PREFIX) else k: v
+                   for k, v in written.items()}
     return written
 
 

@@ -16,6 +16,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -187,6 +188,37 @@ def test_tags_on_instance_and_volume(make, peer, cluster):
     volume_id = raw["BlockDeviceMappings"][0]["Ebs"]["VolumeId"]
     [volume] = peer.client().describe_volumes(VolumeIds=[volume_id])["Volumes"]
     assert {t["Key"]: t["Value"] for t in volume["Tags"]} == expected
+
+
+def test_cost_allocation_tags_on_instance_and_volume(make, peer, cluster):
+    cost = {"burst:project": "research", "burst:user": "ada.l@lab", "team": "ml",
+            "CostCenter": "CC 42/gpu"}
+    req = replace(request(cluster), cost_tags=cost)
+    [instance] = make().launch(req)
+    raw = ec2_instance(peer, instance.id)
+    tags = {t["Key"]: t["Value"] for t in raw["Tags"]}
+    assert cost.items() <= tags.items()  # AWS keeps keys and values as given
+    assert instance.ownership == req.tags  # the reconciler still finds it as before
+    volume_id = raw["BlockDeviceMappings"][0]["Ebs"]["VolumeId"]
+    [volume] = peer.client().describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    assert {t["Key"]: t["Value"] for t in volume["Tags"]} == tags  # the volume bills by them too
+    # What a cost tag can never do: replace an ownership tag.
+    forged = replace(request(cluster), cost_tags={"burst:cluster": "someone-else"})
+    [other] = make().launch(forged)
+    assert other.ownership == forged.tags
+
+
+def test_the_cloud_config_the_executor_renders_reaches_the_instance(make, peer, cluster):
+    from orchestrator.fabric.bootstrap import Bootstrap, NodeInstall
+
+    boot = Bootstrap(node_id="n-cc", controller_url="https://burst.example", join_token="bjt_x",
+                     cluster=cluster, policy="pol", gpus=1, gpu_model="A10G",
+                     self_terminate=AwsProvider.self_terminate_command)
+    assert AwsProvider.cloud_init is True  # the executor renders the cloud-config for it
+    text = boot.render_cloud_config(NodeInstall("0.1.0"))
+    [instance] = make().launch(replace(request(cluster), user_data=text))
+    got = read_user_data(peer, instance.id)
+    assert got == text and got.startswith("#cloud-config") and Bootstrap.parse(got) == boot
 
 
 def test_user_data_round_trip(make, peer, cluster):

@@ -89,6 +89,26 @@ def test_the_bootstrap_carries_the_checkpoint_location_of_the_nodes_project(stor
     assert Bootstrap.parse(request.user_data).checkpoint_uri == ""
 
 
+def test_launches_carry_the_cost_tags_of_project_user_and_policy(store: Store) -> None:
+    from dataclasses import replace
+
+    rig = make_rig(store, policy=make_policy(tags={"team": "ml", "cost-center": "cc-42"}))
+    # In one process (burst run): the action's user goes straight to the provider.
+    rig.executor.run([replace(rig.launch_action(1), user="ada")])
+    # As the Celery control plane does it: the intent is recorded by the planner's task and
+    # the provider called by another, which reads the user back from the recorded intent.
+    assert rig.executor.record_launch(replace(rig.launch_action(2, project="vision"), user="bob"))
+    rig.executor.launch_recorded("n2")
+    rig.executor.run([rig.launch_action(3, project=None)])  # min-nodes: no project, no user
+    sent = {r.request_id: dict(r.cost_tags) for r in rig.provider.calls_of("launch")}
+    policy_tags = {"team": "ml", "cost-center": "cc-42"}
+    assert sent == {
+        "r-n1": {**policy_tags, "burst:project": "research", "burst:user": "ada"},
+        "r-n2": {**policy_tags, "burst:project": "vision", "burst:user": "bob"},
+        "r-n3": policy_tags,
+    }
+
+
 def test_same_launch_twice_launches_once(rig: Rig) -> None:
     action = rig.launch_action(1)
     rig.executor.run([action])

@@ -222,6 +222,26 @@ def test_names_and_labels_follow_gcp_rules() -> None:
     assert gce_request_id("r-1") == gce_request_id("r-1") != gce_request_id("r-1", 1)
 
 
+def test_cost_allocation_tags_are_labels_the_billing_export_can_group_by(
+    gce: FakeGce, provider: GcpProvider
+) -> None:
+    from dataclasses import replace
+
+    cost = {"burst:project": "research", "burst:user": "Ada.L@lab", "team": "ml",
+            "cost-center": "cc-42"}
+    req = replace(request(), cost_tags=cost)
+    [instance] = provider.launch(req)
+    zone, name = instance.id.split("/")
+    labels = gce.instance(zone, name)["labels"]
+    assert {k: labels[k] for k in ("burst-project", "burst-user", "team", "cost-center")} == {
+        "burst-project": "research", "burst-user": "ada-l-lab",  # made a valid label value
+        "team": "ml", "cost-center": "cc-42"}
+    assert all(len(k) <= 63 and len(v) <= 63 for k, v in labels.items())
+    [disk] = gce.instance(zone, name)["disks"]
+    assert disk["initializeParams"]["labels"] == labels  # the boot disk is billed apart
+    assert instance.ownership == req.tags  # ownership labels and metadata as before
+
+
 def test_offerings_are_the_catalogue_for_our_zones(
     make_provider: Callable[..., GcpProvider],
 ) -> None:

@@ -152,6 +152,23 @@ def test_launch_creates_a_server_with_ownership_metadata_and_user_data(provider,
     assert instance.launched_at.utcoffset() == UTC.utcoffset(None)
 
 
+def test_cost_allocation_tags_go_in_the_server_metadata(provider, nova):
+    from dataclasses import replace
+
+    from providers.libcloud_driver.tags import write_tags
+
+    cost = {"burst:project": "research", "burst:user": "ada", "team": "ml"}
+    req = replace(request(provider), cost_tags=cost)
+    [instance] = provider.launch(req)
+    [server] = nova.servers()
+    assert server["metadata"] == {**cost, **req.tags.as_dict()}
+    assert instance.ownership == req.tags and instance.tags == req.tags.as_dict()
+    # GCE through libcloud: metadata keys allow no ':', burst's keys are spelled burst-*.
+    assert write_tags(req.tags, dash_keys=True, cost=cost) == {
+        "burst-project": "research", "burst-user": "ada", "team": "ml",
+        **{k.replace(":", "-"): v for k, v in req.tags.as_dict().items()}}
+
+
 def test_launch_is_idempotent_on_the_request_id(provider, nova, token_env):
     req = request(provider)
     [first] = provider.launch(req)
