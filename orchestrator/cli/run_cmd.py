@@ -16,7 +16,9 @@ from orchestrator.cli.common import (
     fail,
     load_policies,
     load_settings,
+    open_store,
     policy_files,
+    print_json,
     setup_logging,
 )
 
@@ -137,3 +139,24 @@ def db_upgrade(
     except Exception as exc:  # noqa: BLE001 - a connection or migration error, reported plainly
         fail(f"cannot upgrade {shown}: {type(exc).__name__}")
     err.print(f"database at {shown} is at the newest schema")
+
+
+@db_app.command("rebuild-rollups")
+def db_rebuild_rollups(
+    database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL (BURST_DATABASE_URL).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
+) -> None:
+    """Rebuild the cost ledger's hour and day roll-ups from its lines, in one transaction (what
+    migration 0014 did on upgrade; for lines loaded into cost_lines by hand, e.g. a restore of
+    that table alone). Reports read the roll-ups; the roll-up keeps them as it writes lines."""
+    settings = load_settings(database_url=database_url)
+    store = open_store(settings)
+    try:
+        with err.status("rebuilding the cost roll-ups from the ledger's lines"):
+            hours, days = store.rebuild_cost_rollups()
+    finally:
+        store.close()
+    if as_json:
+        print_json({"hour_rows": hours, "day_rows": days})
+    else:
+        err.print(f"cost roll-ups rebuilt: {hours:,} hour rows, {days:,} day rows")

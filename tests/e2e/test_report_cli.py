@@ -250,3 +250,20 @@ def test_report_usage_table_json_csv_and_chart(store: Store, tmp_path: Path,
 
     for wanted in ((0.56, 0.70, 0.85), (0.95, 0.70, 0.48), (0.71, 0.38, 0.11)):
         assert np.any(np.all(np.abs(pixels[..., :3] - np.array(wanted)) < 0.02, axis=-1)), wanted
+
+
+def test_db_rebuild_rollups_rebuilds_them_from_the_lines(env: Store) -> None:
+    """Lines whose roll-ups are lost (a restore of cost_lines alone): reports read the roll-ups
+    and see nothing until `burst db rebuild-rollups` rebuilds them; the report is then the
+    lines' again."""
+    before = run("report", *WINDOW, "--json")
+    assert json.loads(before.stdout)["total"]["cost_usd"] == "600.00"
+    with env.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM cost_rollup_hours")
+        conn.exec_driver_sql("DELETE FROM cost_rollup_days")
+    assert json.loads(run("report", *WINDOW, "--json").stdout)["total"]["cost_usd"] == "0.00"
+    rebuilt = run("db", "rebuild-rollups", "--json")
+    assert rebuilt.exit_code == 0, rebuilt.output
+    counts = json.loads(rebuilt.stdout)
+    assert counts["hour_rows"] > 0 and counts["day_rows"] == 4  # 2 projects x 2 days
+    assert run("report", *WINDOW, "--json").stdout == before.stdout
