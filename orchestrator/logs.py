@@ -92,8 +92,9 @@ def formatter(fmt: LogFormat | str) -> logging.Formatter:
 
 def setup_logging(level: str, fmt: LogFormat | str = LogFormat.TEXT) -> None:
     """The root logger at ``level`` writing ``fmt`` lines to stderr (replacing earlier handlers)."""
+    chosen = formatter(fmt)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt))
+    handler.setFormatter(chosen)
     handler.set_name(_HANDLER_NAME)
     root = logging.getLogger()
     # Only a handler set up here before is replaced: others (a test's capture) stay.
@@ -101,3 +102,6 @@ def setup_logging(level: str, fmt: LogFormat | str = LogFormat.TEXT) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # JSON: Python warnings (a library's DeprecationWarning, Celery's SecurityWarning) become
+    # records too, not free text between the JSON lines.
+    logging.captureWarnings(isinstance(chosen, JsonFormatter))

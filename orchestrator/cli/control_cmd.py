@@ -137,9 +137,12 @@ def api_command(
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - a store or configuration error, reported plainly
         fail(f"cannot start the API: {type(exc).__name__}: {exc}")
+    # JSON logs: no uvicorn logging config of its own, so its loggers reach the root's JSON lines.
+    json_logs = settings.log_format.value == "json"
     config = uvicorn.Config(create_app(rt, broker_url=settings.broker_url), host=settings.api_host, port=settings.api_port,
                             log_level=getattr(logging, settings.log_level.upper(), logging.INFO),
                             access_log=False,
+                            **({"log_config": None} if json_logs else {}),
                             lifespan="off", proxy_headers=True)
     server = uvicorn.Server(config)
     received: list[int] = []

@@ -97,6 +97,7 @@ from typing import Any
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
 from orchestrator.fabric.gpu_sampler import GuardedSampler, choose_sampler
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
+from orchestrator.logs import JsonFormatter, LogFormat
 from orchestrator.fabric.results import (
     ResultBox,
     RunningRun,
@@ -139,6 +140,8 @@ NOTICE_MARGIN_S = 5.0  # finish a notice drain this long before the provider's d
 
 BOOT_DELAY_ENV = "BURST_BOOT_DELAY_S"  # set by the local provider; wins over the bootstrap value
 WORK_DIR_ENV = "BURST_WORK_DIR"
+LOG_FORMAT_ENV = "BURST_LOG_FORMAT"  # json: one JSON object a line (orchestrator.logs)
+LOG_LEVEL_ENV = "BURST_LOG_LEVEL"
 
 REGISTER_PATIENCE_S = 300.0  # the controller may be restarting; a few minutes is normal
 REGISTER_BACKOFF_MAX_S = 15.0
@@ -1072,13 +1075,31 @@ class _Redact(logging.Filter):
 
 def _setup_logging(node_id: str, secrets: list[str], level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s burst-agent[%(node_id)s] %(message)s")
-    )
+    if os.environ.get(LOG_FORMAT_ENV, "").lower() == LogFormat.JSON.value:
+        # One JSON object a line (BURST_LOG_FORMAT=json, from the node's agent.env): the node id
+        # as the "node" field; the redaction filter below runs before the line is formatted.
+        handler.setFormatter(JsonFormatter())
+        handler.addFilter(_NodeField(node_id))
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s burst-agent[%(node_id)s] %(message)s")
+        )
     handler.addFilter(_Redact(node_id, secrets))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
+
+
+class _NodeField(logging.Filter):
+    """Puts the node id on every record, as the JSON formatter's ``node`` field."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = self.node_id
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1089,8 +1110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--work-dir", type=Path, help=f"where job logs go (default: ${WORK_DIR_ENV})"
     )
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
+    from_env = (os.environ.get(LOG_LEVEL_ENV) or "").upper()
     parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level", choices=levels, default=from_env if from_env in levels else "INFO",
+        help=f"default: ${LOG_LEVEL_ENV}, else INFO",
     )
     args = parser.parse_args(argv)
 

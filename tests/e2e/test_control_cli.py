@@ -123,3 +123,41 @@ def test_worker_rejects_an_unknown_queue(env):
     result = run_burst("worker", "--queues", "burst.contrl", env=env, timeout=30)
     assert result.returncode == 2
     assert "burst.contrl" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_worker_events_reach_a_monitor_and_its_logs_are_json(env, redis13):
+    """`burst worker --events` with BURST_LOG_FORMAT=json: a monitor (what Flower runs) receives
+    the task's events, and every log line the worker writes is one JSON object."""
+    import json
+    import threading
+
+    from celery import Celery
+
+    name = f"e2e-{uuid.uuid4().hex[:8]}@%h"
+    proc = _start(["worker", "--pool", "solo", "--queues", "burst.control", "--hostname", name,
+                   "--events"], {**env, "BURST_LOG_FORMAT": "json"})
+    client = Celery("e2e-events", broker=REDIS_URL, backend=REDIS_URL)
+    seen: list[str] = []
+    try:
+        wait_for(lambda: alive_or_fail(proc, "burst worker") and client.control.ping(timeout=0.5),
+                 READY_S, interval=0.2, what="the worker up")
+        with client.connection_for_read() as conn:
+            receiver = client.events.Receiver(conn, handlers={"*": lambda e: seen.append(e["type"])})
+            listening = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=20),
+                                         daemon=True)
+            listening.start()
+            # Listening once the worker's heartbeat (sent every 2 s) arrives; then a built-in task
+            # on the worker's queue: the worker runs it and, with --events, says so.
+            wait_for(lambda: bool(seen), READY_S, interval=0.2, what="a worker event")
+            client.send_task("celery.backend_cleanup", queue="burst.control")
+            wait_for(lambda: "task-succeeded" in seen, READY_S, interval=0.2, what="task events")
+            receiver.should_stop = True
+    finally:
+        client.close()
+        code, output = stop(proc)
+    assert code == 0, output
+    assert "task-received" in seen and "task-succeeded" in seen
+    logged = [line for line in output.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in logged]  # every one parses
+    assert any(r["logger"] == "celery.apps.worker" and "ready" in r["message"] for r in records)
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)

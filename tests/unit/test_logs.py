@@ -100,3 +100,17 @@ def test_the_setting_picks_the_format_and_a_bad_value_is_a_settings_error(monkey
     monkeypatch.setenv("BURST_LOG_FORMAT", "yaml")
     with pytest.raises(ValueError, match="log_format"):
         Settings()
+
+
+def test_the_node_agent_writes_json_with_its_node_id_and_redacts_its_token(monkeypatch, capsys):
+    from orchestrator.fabric import agent
+
+    monkeypatch.setenv("BURST_LOG_FORMAT", "json")
+    try:
+        agent._setup_logging("n-7", ["bjt_secret"], "INFO")
+        agent.log.warning("registering with token %s", "bjt_secret")
+    finally:
+        agent.log.handlers[:] = []
+    [line] = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
+    assert line["node"] == "n-7" and line["level"] == "WARNING"
+    assert "bjt_secret" not in line["message"]
