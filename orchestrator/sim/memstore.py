@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.placement import GroupRecord, GroupState
 from orchestrator.domain.plan import Decision
 from orchestrator.domain.snapshot import CapacityBlock, PolicyMemory
 from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
@@ -43,6 +44,8 @@ class SimStore:
         self.predictions: dict[str, list[tuple[datetime, datetime | None]]] = {}  # node ids in the order they were terminated
         self.version = 0  # bumped on every node change (lets the snapshot cache its node tuple)
         self._live_tuple: tuple[Node, ...] | None = ()
+        self._groups: dict[str, GroupRecord] = {}  # launch groups (orchestrator.groups)
+        self._group_of: dict[str, str] = {}  # node id -> its group id
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -144,6 +147,37 @@ class SimStore:
         return any(b.until > now for b in self._blocks)
 
     # -- internals -------------------------------------------------------------------------------
+
+    # -- launch groups (the same semantics as store.placement) ----------------------------------
+
+    def add_group(self, record: GroupRecord) -> bool:
+        if record.group_id in self._groups:
+            return False
+        self._groups[record.group_id] = record
+        self._group_of.update((n, record.group_id) for n in record.node_ids)
+        return True
+
+    def get_group(self, group_id: str) -> GroupRecord | None:
+        return self._groups.get(group_id)
+
+    def groups(self, states: Any = None) -> list[GroupRecord]:
+        wanted = None if states is None else set(states)
+        return [g for g in self._groups.values() if wanted is None or g.state in wanted]
+
+    def group_of_node(self, node_id: str) -> GroupRecord | None:
+        group = self._groups.get(self._group_of.get(node_id, ""))
+        alive = (GroupState.REQUESTED, GroupState.ACTIVE)
+        return group if group is not None and group.state in alive else None
+
+    def move_group(self, record: GroupRecord, state: GroupState, at: datetime, *,
+                   name: str | None = None, reason: str = "") -> GroupRecord | None:
+        current = self._groups.get(record.group_id)
+        if current is None or current.state is not record.state:
+            return None
+        moved = replace(current, state=state, state_since=at, reason=reason,
+                        name=name if name is not None else current.name)
+        self._groups[record.group_id] = moved
+        return moved
 
     def _put(self, node: Node) -> None:
         self._nodes[node.id] = node
