@@ -84,6 +84,19 @@ def _encode(names: Sequence[Any]) -> tuple[list[int], tuple[Any, ...]]:
     return list(map(codes.__getitem__, names)), tuple(codes)
 
 
+def _recode(codes: np.ndarray, names: tuple[Any, ...]) -> tuple[np.ndarray, tuple[Any, ...]]:
+    """``codes`` into ``names`` renumbered to the names they use, in order of first use."""
+    if not len(codes):
+        return codes, ()
+    present, first = np.unique(codes, return_index=True)
+    used = present[np.argsort(first, kind="stable")]
+    if len(used) == len(names) and (used == np.arange(len(names))).all():
+        return codes, names
+    renumber = np.zeros(len(names), dtype=np.int64)
+    renumber[used] = np.arange(len(used))
+    return renumber[codes], tuple(names[c] for c in used.tolist())
+
+
 def _seconds(values: Sequence[Any]) -> list[float] | Sequence[Any]:
     return [math.nan if v is None else v for v in values] if None in values else values
 
@@ -156,8 +169,17 @@ class PendingColumns(Sequence[Job]):
         if len(transposed) != len(fields):
             raise ValueError(f"pending rows have {len(transposed)} fields, not {len(fields)} "
                              f"({', '.join(fields)})")
-        column = dict(zip(fields, transposed))
-        n = len(rows)
+        return cls.from_fields(pool, dict(zip(fields, transposed)))
+
+    @classmethod
+    def from_fields(cls, pool: str, column: dict[str, Sequence[Any]]) -> PendingColumns:
+        """From whole columns of a query result, by field name (``id``, ``project``, ``gpus``
+        and ``submitted_at`` required; the rest of :data:`ROW_FIELDS` default): what a source
+        that transposed its rows once hands over. ``submitted_at`` may be an int64 array of
+        microseconds already (a source that parsed its driver's text in one call)."""
+        n = len(column["id"])
+        if not n:
+            return cls.empty(pool)
 
         def get(name: str) -> Sequence[Any]:
             return column[name] if name in column else (_DEFAULTS[name],) * n
@@ -165,10 +187,12 @@ class PendingColumns(Sequence[Job]):
         project_codes, projects = _encode(column["project"])
         user_codes, users = _encode(get("user"))
         priority = get("priority")
+        submitted = column["submitted_at"]
         return cls(pool, column["id"], projects, project_codes, column["gpus"],
                    [0 if p is None else p for p in priority] if None in priority else priority,
-                   _micros(column["submitted_at"]), _seconds(get("duration_s")),
-                   _seconds(get("checkpoint_s")), users, user_codes, _seconds(get("dataset_gb")))
+                   submitted if isinstance(submitted, np.ndarray) else _micros(submitted),
+                   _seconds(get("duration_s")), _seconds(get("checkpoint_s")), users, user_codes,
+                   _seconds(get("dataset_gb")))
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[Job], pool: str | None = None) -> PendingColumns:
@@ -185,6 +209,24 @@ class PendingColumns(Sequence[Job]):
     @classmethod
     def empty(cls, pool: str = "") -> PendingColumns:
         return cls(pool, (), (), (), (), (), (), ())
+
+    def select(self, rows: Any, pool: str | None = None) -> PendingColumns:
+        """The rows ``rows`` (positions, in the order given) as columns of their own (of
+        ``pool``, default this one's), with project and user codes renumbered in order of first
+        appearance: equal, field for field, to the columns built from those rows alone."""
+        rows = np.asarray(rows, dtype=np.int64)
+        project, projects = _recode(self.project[rows], self.projects)
+        user, users = _recode(self.user[rows], self.users)
+        ids = self.ids
+        made = PendingColumns(self.pool if pool is None else pool, [ids[i] for i in rows.tolist()],
+                              projects, project, self.gpus[rows], self.priority[rows],
+                              self.submitted_us[rows], self.duration_s[rows],
+                              self.checkpoint_s[rows], users or (None,), user,
+                              self.dataset_gb[rows])
+        if self._jobs and (pool is None or pool == self.pool):
+            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(rows.tolist())
+                              if old in self._jobs)
+        return made
 
     # -- reading -------------------------------------------------------------------------------
     def job(self, index: int) -> Job:

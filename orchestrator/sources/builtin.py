@@ -31,7 +31,7 @@ from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, usd
-from orchestrator.planner.demand import Bins, scheduling_order
+from orchestrator.planner.demand import Bins, ordered, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
 from orchestrator.store.jobruns import RunOutcome, builtin_run_key
@@ -170,26 +170,31 @@ class BuiltinQueue:
                         and self.store.finish_job(job, state=JobState.DONE, exit_code=0, at=now)):
                     ended.add(job.id)
             running = [j for j in read.running if j.id not in ended]
-            rows = {r[0]: r for r in read.pending}
-            pending = read.pending_jobs()
             started: list[str] = []
             for pool, policy in self.pools.items():
+                rows = read.pending.get(pool)
+                if rows is None:
+                    continue
                 free = self._onprem_free(policy, running)
                 names = [onprem_node_name(pool, i) for i in range(len(free))]
                 bins = Bins(free, list(names), node_size=policy.pool.onprem.gpus_per_node)
                 if bins.total == 0:
                     continue  # on-prem is full: nothing to order
-                # The pool's pending tuple, as the planner will see it if nothing starts: its
-                # order is memoized, so a tick that starts nothing on-prem orders it once.
-                for job in scheduling_order(pending.get(pool, ()), policy):
+                # The pool's columns, as the planner will see them if nothing starts: their
+                # order is memoized, so a tick that starts nothing on-prem orders them once.
+                # Only GPUs are read per row until a job fits: no Job is made.
+                order = ordered(rows.columns, policy)
+                ids = rows.columns.ids
+                for row, gpus in zip(order.order.tolist(), order.gpus_in_order()):
                     if bins.total == 0:
                         break
-                    used = bins.place(job.gpus)
+                    used = bins.place(gpus)
                     if used is None:
                         continue
                     node_id = ",".join(bins.owners[i] or "" for i in used)
-                    if self.store.start_onprem(rows[job.id], node_id, now):
-                        started.append(job.id)
+                    if self.store.start_onprem(ids[row], int(rows.version[row]),
+                                               int(rows.attempts[row]), node_id, now):
+                        started.append(ids[row])
             records = self.store.jobs_by_id(started) if started else []
             order = {job_id: i for i, job_id in enumerate(started)}
             records.sort(key=lambda r: order[r.id])

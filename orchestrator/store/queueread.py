@@ -6,72 +6,121 @@ burst node). :meth:`QueueReads.queue_read` reads it once, in one transaction, an
 shares that read between dispatch and observe (:mod:`orchestrator.sources.builtin`).
 
 Pending jobs are read as plain tuples of the columns the planner and the dispatcher use
-(:data:`PENDING_COLUMNS`), never as records: at 100k pending jobs a record per row costs more
-than reading the row. Running jobs are few (bounded by the GPUs there are) and are read as full
+(:data:`PENDING_COLUMNS`), never as records, and turned straight into the planner's columns
+(:func:`pending_by_pool`: one transpose, one parse of the submit times; no object per row): at
+100k pending jobs a record, or a ``Job``, per row costs more than reading the row. Running jobs are few (bounded by the GPUs there are) and are read as full
 records, since the dispatcher ends them by compare-and-set. :meth:`QueueReads.start_onprem` starts
-a pending job from its tuple with a compare-and-set that writes only the columns a start changes.
+a pending job from its id and read version with a compare-and-set that writes only the columns a start changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 
-from orchestrator.domain.jobs import Job, JobState, Placement
+import numpy as np
+
+from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.domain.pending import PendingColumns
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobqueue import job_from_row
 from orchestrator.store.records import JobRecord
 
-# The columns of a pending job a tick uses, in the order of a PendingRow tuple.
+# The columns of a pending job a tick uses, in the order the query selects them.
 PENDING_COLUMNS = ("id", "project", "pool", "gpus", "priority", "duration_s", "submitted_at",
                    "attempts", "version", "user")
-PendingRow = tuple[str, str | None, str, int, int, float | None, datetime, int, int, str | None]
-ID, PROJECT, POOL, GPUS, PRIORITY, DURATION, SUBMITTED, ATTEMPTS, VERSION, USER = range(10)
 _IN_CHUNK = 500  # ids per IN (...) list: well under every driver's bound on parameters
 _ENDED = (JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value)
 
 
 @dataclass(slots=True)
+class PoolPending:
+    """One pool's pending jobs as the read found them: the planner's columns, and per row the
+    two integers a compare-and-set start needs (``version``, ``attempts``), row ``i`` of each
+    being row ``i`` of ``columns``."""
+
+    columns: PendingColumns
+    version: np.ndarray
+    attempts: np.ndarray
+
+    def select(self, rows: np.ndarray) -> PoolPending:
+        return PoolPending(self.columns.select(rows), self.version[rows], self.attempts[rows])
+
+
+@dataclass(slots=True)
 class QueueRead:
-    """The queue at ``at``: pending rows in service order, running records by id, and what a tick
-    changed of it since (``started``: records of jobs it started on-prem)."""
+    """The queue at ``at``: pending jobs per pool in service order, as columns; running records
+    by id; and what a tick changed of it since (``started``: records of jobs it started
+    on-prem)."""
 
     at: datetime
-    pending: list[PendingRow]
+    pending: dict[str, PoolPending]
     running: list[JobRecord]
     started: list[JobRecord] = field(default_factory=list)
-    _jobs: dict[str, tuple[Job, ...]] | None = None
 
-    def pending_jobs(self) -> dict[str, tuple[Job, ...]]:
-        """Pending jobs per pool as the planner's ``Job`` values, built once per read."""
-        if self._jobs is None:
-            by_pool: dict[str, list[Job]] = {}
-            pending = JobState.PENDING
-            for r in self.pending:
-                by_pool.setdefault(r[POOL], []).append(
-                    Job(r[ID], r[PROJECT], r[POOL], r[GPUS], r[SUBMITTED], r[PRIORITY],
-                        r[DURATION], pending, None, r[USER]))
-            self._jobs = {pool: tuple(jobs) for pool, jobs in by_pool.items()}
-        return self._jobs
+    def pending_jobs(self) -> dict[str, PendingColumns]:
+        """Pending jobs per pool as the planner's columns (a read-only sequence of jobs)."""
+        return {pool: rows.columns for pool, rows in self.pending.items()}
 
     def take(self, ids: set[str], started: list[JobRecord], ended: set[str]) -> None:
         """Record what dispatch did: ``ids`` left the pending rows, ``started`` (their records)
         joined the running ones, and running jobs ``ended`` (finished on-prem) left them."""
         if ids:
-            self.pending = [r for r in self.pending if r[ID] not in ids]
-            if self._jobs is not None:  # keep the Job values of the jobs left
-                self._jobs = {pool: tuple(j for j in jobs if j.id not in ids)
-                              for pool, jobs in self._jobs.items()}
+            for pool, rows in list(self.pending.items()):
+                keep = [i for i, job_id in enumerate(rows.columns.ids) if job_id not in ids]
+                if len(keep) < len(rows.columns):
+                    self.pending[pool] = rows.select(np.array(keep, dtype=np.int64))
+            self.pending = {pool: rows for pool, rows in self.pending.items() if rows.columns}
         if ended:
             self.running = [j for j in self.running if j.id not in ended]
         if started:
             self.running = sorted([*self.running, *started], key=_record_id)  # as read: by id
         self.started.extend(started)
+
+
+def pending_by_pool(raw: Sequence[Sequence[Any]], dialect: str) -> dict[str, PoolPending]:
+    """The pending rows of the query (:data:`PENDING_COLUMNS`, as the driver returns them) as
+    columns per pool, in the rows' order: one transpose, one parse of the submit times (SQLite's
+    naive UTC text by ``numpy.datetime64``, PostgreSQL's aware datetimes by ``timestamp()``),
+    and no object per row."""
+    if not raw:
+        return {}
+    ids, projects, pools, gpus, priority, duration, submitted, attempts, version, users = (
+        zip(*raw))
+    fields = {"id": ids, "project": projects, "gpus": gpus, "priority": priority,
+              "duration_s": duration, "submitted_at": _submitted_us(submitted, dialect),
+              "user": users}
+    first = pools[0]
+    if pools.count(first) == len(pools):  # one pool: the whole read is its columns
+        return {first: PoolPending(PendingColumns.from_fields(first, fields),
+                                   np.asarray(version, dtype=np.int64),
+                                   np.asarray(attempts, dtype=np.int64))}
+    whole = PendingColumns.from_fields("", fields)
+    versions, runs = np.asarray(version, dtype=np.int64), np.asarray(attempts, dtype=np.int64)
+    names = list(dict.fromkeys(pools))
+    code = np.fromiter(map({name: i for i, name in enumerate(names)}.__getitem__, pools),
+                       dtype=np.int64, count=len(pools))
+    by_pool = {}
+    for i, name in enumerate(names):
+        rows = np.flatnonzero(code == i)
+        by_pool[name] = PoolPending(whole.select(rows, name), versions[rows], runs[rows])
+    return by_pool
+
+
+def _submitted_us(values: Sequence[Any], dialect: str) -> np.ndarray | Sequence[Any]:
+    """Microseconds since the epoch of the driver's submit times (SQLite: naive UTC text, which
+    ``numpy.datetime64`` reads in one call; text it cannot read is parsed per value)."""
+    if dialect != "sqlite" or not isinstance(values[0], str):
+        return values  # datetimes: PendingColumns reads them (aware ones by timestamp())
+    try:
+        return np.array(values, dtype="datetime64[us]").astype(np.int64)
+    except ValueError:
+        return [datetime.fromisoformat(v).replace(tzinfo=UTC) for v in values]
 
 
 class QueueReads(StoreBase):
@@ -88,33 +137,32 @@ class QueueReads(StoreBase):
         running_q = sa.select(T.jobs).where(c.state == JobState.RUNNING.value).order_by(c.id)
         with self._read() as conn:
             # Straight through the driver: the statement's typed result processing costs more
-            # per row than reading the row (the one typed column, the submit time, is converted
-            # here: SQLite gives naive UTC text, PostgreSQL an aware datetime).
+            # per row than reading the row (the one typed column, the submit time, is parsed
+            # as a whole column: SQLite gives naive UTC text, PostgreSQL an aware datetime).
             sql = str(pending_q.compile(dialect=conn.dialect,
                                         compile_kwargs={"literal_binds": True}))
-            utc = _utc_converter(conn.dialect.name)
             cursor = conn.connection.cursor()  # the DBAPI cursor, in this transaction
             try:
                 cursor.execute(sql)
                 raw = cursor.fetchall()
             finally:
                 cursor.close()
-            pending: list[Any] = [(i, pr, po, g, p, d, utc(s), a, v, u)
-                                  for i, pr, po, g, p, d, s, a, v, u in raw]
+            pending = pending_by_pool(raw, conn.dialect.name)
             running = [job_from_row(r) for r in conn.execute(running_q)]
         return QueueRead(at, pending, running)
 
-    def start_onprem(self, row: PendingRow, node_id: str, at: datetime) -> bool:
-        """PENDING -> RUNNING on-prem for the job of ``row``, if it is still as read (its
-        version); writes only what a start changes. False: someone changed it first."""
+    def start_onprem(self, job_id: str, version: int, attempts: int, node_id: str,
+                     at: datetime) -> bool:
+        """PENDING -> RUNNING on-prem for job ``job_id``, if it is still as read (its
+        ``version``, with ``attempts`` runs so far); writes only what a start changes. False:
+        someone changed it first."""
         require_aware(at, "at")
         c = T.jobs.c
         stmt = (sa.update(T.jobs)
-                .where(c.id == row[ID], c.version == row[VERSION],
-                       c.state == JobState.PENDING.value)
+                .where(c.id == job_id, c.version == version, c.state == JobState.PENDING.value)
                 .values(state=JobState.RUNNING.value, placement=Placement.ONPREM.value,
                         node_id=node_id, started_at=at, finished_at=None, exit_code=None,
-                        attempts=row[ATTEMPTS] + 1, version=row[VERSION] + 1))
+                        attempts=attempts + 1, version=version + 1))
         with self._write() as conn:
             return conn.execute(stmt).rowcount == 1
 
@@ -158,13 +206,6 @@ class QueueReads(StoreBase):
 
 def _record_id(record: JobRecord) -> str:
     return record.id
-
-
-def _utc_converter(dialect: str) -> Callable[[Any], datetime]:
-    if dialect == "sqlite":
-        fromisoformat = datetime.fromisoformat
-        return lambda text: fromisoformat(text + "+00:00")  # naive UTC text
-    return lambda moment: moment if moment.tzinfo is UTC else moment.astimezone(UTC)
 
 
 def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:

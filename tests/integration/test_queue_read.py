@@ -28,6 +28,12 @@ def _fill(store: Store) -> BuiltinQueue:
     return queue
 
 
+def _rows(read) -> dict:
+    """Per pool: every pending job with its version and attempts, as the read holds them."""
+    return {pool: (tuple(rows.columns), rows.version.tolist(), rows.attempts.tolist())
+            for pool, rows in read.pending.items()}
+
+
 def test_dispatch_leaves_in_its_read_what_a_fresh_read_finds(store: Store) -> None:
     queue = _fill(store)
     now = T0 + 20 * M  # the short on-prem job is over: its 4 GPUs and the 4 still free serve
@@ -36,7 +42,7 @@ def test_dispatch_leaves_in_its_read_what_a_fresh_read_finds(store: Store) -> No
                                 for j in read.started)
     assert {j.command for j in read.started} <= {f"run {i}" for i in range(6)}  # full records
     fresh = store.queue_read(now)
-    assert read.pending == fresh.pending
+    assert _rows(read) == _rows(fresh)
     assert sorted(j.id for j in read.running) == sorted(j.id for j in fresh.running)
     assert queue.observe(now, read) == queue.observe(now)
     ids = [n for n in ("a", "b")]
@@ -47,9 +53,18 @@ def test_dispatch_leaves_in_its_read_what_a_fresh_read_finds(store: Store) -> No
 def test_the_read_is_in_service_order_with_aware_times(store: Store) -> None:
     _fill(store)
     read = store.queue_read(T0)
-    expected = [j.id for j in store.jobs(states=[JobState.PENDING])]
-    assert [r[0] for r in read.pending] == expected
+    expected: dict[str, list[str]] = {}
+    for record in store.jobs(states=[JobState.PENDING]):
+        expected.setdefault(record.pool, []).append(record.id)
+    assert {pool: list(rows.columns.ids) for pool, rows in read.pending.items()} == expected
+    assert len(expected) == 2 and all(rows.columns.pool == pool
+                                      for pool, rows in read.pending.items())
     jobs = [j for pool in read.pending_jobs().values() for j in pool]
+    assert all(j.submitted_at.utcoffset() == timedelta(0) for j in jobs)
+    records = {r.id: r for r in store.jobs(states=[JobState.PENDING])}
+    assert {job_id: (int(rows.version[i]), int(rows.attempts[i]))
+            for rows in read.pending.values() for i, job_id in enumerate(rows.columns.ids)} == {
+        r.id: (r.version, r.attempts) for r in records.values()}
     assert {j.id: j for j in jobs} == {r.id: r.to_domain() for r in
                                        store.jobs(states=[JobState.PENDING])}
 

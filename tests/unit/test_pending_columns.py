@@ -2,7 +2,8 @@
 
 * :class:`PendingColumns` built from query rows holds the same jobs as the rows say (times to the
   microsecond, naive times as UTC, unknown durations), counts them per (project, priority, width)
-  as a Counter would, and reads as a sequence of those jobs.
+  as a Counter would, and reads as a sequence of those jobs; a selection of its rows is the
+  columns of those rows alone.
 * The planner decides the same, to the repr of the plan, on a queue handed as a tuple of jobs and
   on the same queue handed as columns built from rows, with and without ``trigger.wait_slo``.
 """
@@ -73,6 +74,25 @@ def test_columns_from_rows_hold_the_jobs_the_rows_say(specs, naive) -> None:
     assert columns_of(jobs, "gpu") == columns and columns_of(columns) is columns
     view = JobsView(columns, np.arange(len(jobs))[::-1])
     assert tuple(view) == jobs[::-1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(JOB_SPECS, st.data())
+def test_selected_rows_are_the_columns_of_those_rows_alone(specs, data) -> None:
+    # What the queue read does per pool and when dispatch starts jobs: a selection must be
+    # field for field the columns built from the selected rows (codes renumbered too).
+    jobs = _jobs(specs)
+    columns = PendingColumns.from_rows("gpu", _rows(jobs))
+    rows = data.draw(st.lists(st.integers(0, max(len(jobs) - 1, 0)), unique=True,
+                              max_size=len(jobs)))
+    picked = columns.select(np.array(rows, dtype=np.int64), "other")
+    alone = PendingColumns.from_rows("other", _rows([jobs[i] for i in rows]))
+    for name in ("ids", "projects", "users", "pool"):
+        assert getattr(picked, name) == getattr(alone, name), name
+    for name in ("project", "gpus", "priority", "submitted_us", "duration_s", "checkpoint_s",
+                 "user", "dataset_gb"):
+        assert np.array_equal(getattr(picked, name), getattr(alone, name), equal_nan=True), name
+    assert picked.counts() == alone.counts() and tuple(picked) == tuple(alone)
 
 
 def test_a_naive_time_is_utc_and_unknown_durations_are_nan() -> None:
