@@ -57,7 +57,7 @@ from orchestrator.domain.plan import (
 )
 from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
-from orchestrator.planner.admission import Admission, held_gpus
+from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import (
@@ -453,20 +453,9 @@ def _has_quotas(policy: Policy) -> bool:
 
 
 def _admitter(policy: Policy, books: BudgetBook | None, nodes: list[Node], now: datetime,
-              runs: tuple[BurstRun, ...] = ()) -> Callable[[Job, str], bool]:
-    """``admit(job, node id)`` for absorption: a ready node admits as the dispatcher will; a node
-    still in flight is taken as covering what it was launched for (its launch committed it; the
-    dispatcher checks again once it is ready)."""
-    admission = Admission(policy, books, now, held_gpus(nodes, runs))
-    by_id = {n.id: n for n in nodes}
-
-    def admit(job: Job, node_id: str) -> bool:
-        node = by_id.get(node_id)
-        if node is None or node.state is not _READY:
-            return True
-        return admission.admit(job, node).admitted
-
-    return admit
+              runs: tuple[BurstRun, ...] = ()) -> NodeAdmitter:
+    """``admit(job, node id)`` for absorption (:class:`~.admission.NodeAdmitter`)."""
+    return NodeAdmitter(Admission(policy, books, now, held_gpus(nodes, runs)), nodes)
 
 
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:

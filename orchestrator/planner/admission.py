@@ -116,12 +116,21 @@ class Admission:
         self.now = now
         self.extended: dict[str, Decimal] = {}  # node id -> extensions taken at this instant
         self.held = dict(held or {})  # project -> burst GPUs held (:func:`held_gpus`)
+        # How many starts taken could have turned a refusal into an admission: a foreign job on
+        # a project's node (that project then holds less) or an extension bought (the node's
+        # next start needs less). Other takes only tighten, so a refusal seen since still holds.
+        self.loosened = 0
+        self._quotas = {p.name: p.max_burst_gpus for p in reversed(policy.projects)}
+
+    def over_quota(self, project: str | None, gpus: int) -> bool:
+        """Whether a job of ``project`` and ``gpus`` is refused on every node not launched for
+        its project (the quota part of :meth:`check`, which it answers first)."""
+        quota = self._quotas.get(project)  # type: ignore[arg-type]
+        return quota is not None and self.held.get(project, 0) + gpus > quota  # type: ignore[arg-type]
 
     def check(self, job: Job, node: Node) -> Verdict:
-        if node.project != job.project:
-            quota = self.policy.project_quota(job.project)
-            if quota is not None and self.held.get(job.project, 0) + job.gpus > quota:
-                return Verdict(False, f"projects[{job.project}].max_burst_gpus")
+        if node.project != job.project and self.over_quota(job.project, job.gpus):
+            return Verdict(False, f"projects[{job.project}].max_burst_gpus")
         if self.book is None:
             return Verdict(True)
         runtime = job_runtime_s(self.policy, job.duration_s)
@@ -154,9 +163,11 @@ class Admission:
             self.held[job.project] = self.held.get(job.project, 0) + job.gpus
             if node.project:
                 self.held[node.project] = self.held.get(node.project, 0) - job.gpus
+                self.loosened += 1
         if self.book is None:
             return
         if verdict.extension_usd:
+            self.loosened += 1
             self.extended[node.id] = self.extended.get(node.id, _ZERO) + verdict.extension_usd
         for state in self.book.states:
             if in_scope(state.budget, state.pool, node.pool, node.project):
@@ -171,4 +182,38 @@ class Admission:
         return verdict
 
 
-__all__ = ["Admission", "Verdict", "extension_usd", "held_gpus", "idle_tail_s"]
+ANY_NODE = object()  # a node class that admits every job (:meth:`NodeAdmitter.node_class`)
+
+
+class NodeAdmitter:
+    """``admit(job, node id)`` for absorption: a ready node admits as the dispatcher will; a node
+    still in flight is taken as covering what it was launched for (its launch committed it; the
+    dispatcher checks again once it is ready). ``loosened``: :attr:`Admission.loosened`."""
+
+    __slots__ = ("admission", "by_id", "quotas_only")
+
+    def __init__(self, admission: Admission, nodes: list[Node] | tuple[Node, ...]):
+        self.admission = admission
+        self.by_id = {n.id: n for n in nodes}
+        # No budget: a verdict is the quota's alone, so it reads of a node only whose it is
+        # (:meth:`node_class`), and absorption may choose among nodes by that.
+        self.quotas_only = admission.book is None
+
+    def node_class(self, node_id: str | None) -> object:
+        """What a quota-only verdict reads of a node: its project if it is ready, else
+        :data:`ANY_NODE` (a node in flight covers any job)."""
+        node = self.by_id.get(node_id) if node_id is not None else None
+        return node.project if node is not None and node.state is NodeState.READY else ANY_NODE
+
+    @property
+    def loosened(self) -> int:
+        return self.admission.loosened
+
+    def __call__(self, job: Job, node_id: str | None) -> bool:
+        node = self.by_id.get(node_id) if node_id is not None else None
+        if node is None or node.state is not NodeState.READY:
+            return True
+        return self.admission.admit(job, node).admitted
+
+
+__all__ = ["ANY_NODE", "Admission", "NodeAdmitter", "Verdict", "extension_usd", "held_gpus", "idle_tail_s"]

@@ -37,6 +37,7 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.pending import JobsView, PendingColumns, columns_of
 from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.planner.admission import ANY_NODE, NodeAdmitter
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.offerings import expected_hours
 from orchestrator.planner.placement import spans_nodes
@@ -101,6 +102,25 @@ class Bins:
             by_free[self.free[index]].remove(index)
             self._move(index, 0)
         return used
+
+    def place_among(self, gpus: int, classes: list[object], allowed: tuple[object, ...]
+                    ) -> list[int] | None:
+        """:meth:`place_if` with ``ok(i)`` being ``classes[i] in allowed``, written out: the
+        quota-only admission of a job over its quota, asked of thousands of bins a tick."""
+        if not 0 < gpus <= self.node_size or gpus > self.total:
+            return None
+        by_free = self._by_free
+        for room in range(gpus, len(by_free)):
+            bucket = by_free[room]
+            for position in range(len(bucket) - 1, -1, -1):
+                index = bucket[position]
+                if classes[index] in allowed:
+                    del bucket[position]
+                    self.total -= gpus
+                    self.free[index] = room - gpus
+                    by_free[room - gpus].append(index)
+                    return [index]
+        return None
 
     def place_if(self, gpus: int, ok: Callable[[int], bool]) -> list[int] | None:
         """Place a one-node job (``gpus`` <= ``node_size``) on the bin :meth:`place` would pick
@@ -366,7 +386,7 @@ def _arrange(jobs: Sequence[Job], priorities: dict[str, int], default: int) -> O
 
 def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
            census: Census | None = None,
-           admit: Callable[[Job, str], bool] | None = None) -> Demand:
+           admit: NodeAdmitter | None = None) -> Demand:
     """Fit the pool's pending jobs into on-prem, then burst capacity; see the module docstring.
     ``census``: the burst capacity as :func:`~orchestrator.planner.census.take_census` gathered
     it from ``nodes`` this tick (gathered here when not given). ``admit(job, node id)``: whether
@@ -401,6 +421,13 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     stop = len(rows)  # from here on nothing is free anywhere: the rest is all unmet
     if onprem.total or burst.total:
         rows_list = rows.tolist()
+        refused: dict[tuple[int, int, float], int] = {}
+        if admit is not None:  # what a verdict reads of a job besides its width, per row
+            codes = columns.project.tolist()
+            durations_key = np.nan_to_num(columns.duration_s, nan=-1.0).tolist()
+            names = columns.projects
+            admission = admit.admission
+            classes = list(map(admit.node_class, owners)) if admit.quotas_only else None
         for index, gpus in enumerate(order.gpus_in_order()):
             if not onprem.total and not burst.total:
                 stop = index
@@ -421,8 +448,31 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
                 if admit is None:
                     used = burst_place(gpus)
                 else:
-                    job = job_at(rows_list[index])
-                    used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
+                    row = rows_list[index]
+                    # A (project, width, duration) refused on every bin stays refused while the
+                    # bins only fill and no start loosened admission (NodeAdmitter.loosened):
+                    # without this, each job of a project over its quota asked every node.
+                    key = (codes[row], gpus, durations_key[row])
+                    if classes is not None:
+                        # Quotas only: a job within its quota is admitted on any bin (the
+                        # plain best fit), one over it only on its project's nodes and nodes
+                        # in flight; the chosen node's start is then taken as the dispatcher
+                        # would (its verdict is a yes by construction).
+                        project = names[codes[row]]
+                        if admission.over_quota(project, gpus):
+                            if refused.get(key) != admit.loosened:
+                                used = burst.place_among(gpus, classes, (ANY_NODE, project))
+                                if used is None:
+                                    refused[key] = admit.loosened
+                        else:
+                            used = burst_place(gpus)
+                        if used is not None:
+                            admit(job_at(row), owners[used[0]])
+                    elif refused.get(key) != admit.loosened:
+                        job = job_at(row)
+                        used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
+                        if used is None:
+                            refused[key] = admit.loosened
             if used is not None:
                 burst_rows.append(rows_list[index])
                 burst_gpus += gpus

@@ -8,6 +8,8 @@ neither may change a decision.
   first unmet job, per width, expected hours, oldest submit time) from the queue's columns, also
   when absorption stops early and the rest of the queue is unmet: the tallies equal counting the
   unmet jobs one by one.
+* Absorption under quotas alone chooses among nodes by whose they are and remembers a refusal
+  while no start loosens it: the jobs land where asking every node one by one puts them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from orchestrator.domain import NodeState
 from orchestrator.planner import demand as demand_module
 from orchestrator.planner import plan
+from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
 from orchestrator.planner.census import take_census
 from orchestrator.planner.demand import absorb, ordered, scheduling_order
 from orchestrator.planner.offerings import expected_hours
@@ -145,3 +148,44 @@ def test_narrowing_the_unmet_jobs_equals_counting_the_rest(specs, onprem, data) 
     assert list(narrowed.unmet_by_project.items()) == list(per_project.items())
     assert narrowed.unmet_widths == Counter(j.gpus for j in due)
     assert narrowed.unmet_hours == expected_hours([j.duration_s for j in due])
+
+
+class _Naive(NodeAdmitter):
+    """The admitter as absorption asked it before its shortcuts: every bin asked one by one
+    (never quota-only), and a refusal never remembered (``loosened`` changes on every read)."""
+
+    __slots__ = ("_reads",)
+
+    def __init__(self, admission: Admission, nodes) -> None:
+        super().__init__(admission, nodes)
+        self.quotas_only = False
+        self._reads = 0
+
+    @property
+    def loosened(self) -> int:
+        self._reads += 1
+        return self._reads
+
+
+NODE_SPECS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", None]), st.integers(0, 8),
+                                st.sampled_from([NodeState.READY, NodeState.READY,
+                                                 NodeState.BOOTING])), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(SPECS, NODE_SPECS, st.integers(0, 24), st.integers(0, 24))
+def test_quota_shortcuts_absorb_as_asking_every_node(specs, node_specs, quota_a, quota_b) -> None:
+    # Quota-only admission chooses among nodes by whose they are, and a refusal is remembered
+    # while nothing loosens it: the same jobs must land on the same nodes, held the same.
+    policy = make_policy(projects=[{"name": "a", "priority": 2, "max_burst_gpus": quota_a},
+                                   {"name": "b", "priority": 0, "max_burst_gpus": quota_b}])
+    nodes = [make_node(f"n{i}", project=p, gpus_busy=busy, state=state)
+             for i, (p, busy, state) in enumerate(node_specs)]
+    queue = make_snapshot(_jobs(specs), nodes=nodes, onprem_free=[2]).queues["gpu"]
+    outcomes = []
+    for kind in (NodeAdmitter, _Naive):
+        admitter = kind(Admission(policy, None, T0, held_gpus(nodes)), nodes)
+        found = absorb(queue, nodes, policy, take_census(nodes, policy, None), admitter)
+        outcomes.append(([j.id for j in found.burst_absorbed], [j.id for j in found.unmet],
+                         found.busy_nodes, admitter.admission.held))
+    assert outcomes[0] == outcomes[1]
