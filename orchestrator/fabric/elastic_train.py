@@ -5,8 +5,9 @@ world with ``all_reduce``. Rank 0 saves a checkpoint (model, optimiser, step, an
 every step: world size, loss, restart count) after every step, atomically; every (re)start
 resumes from it, so the history is one contiguous run of steps across any number of joins and
 drains (``history.json`` beside the checkpoint has it too). It follows burst's drain hooks
-(:mod:`orchestrator.fabric.elastic_hooks`): on a checkpoint request it saves, confirms and holds
-until the leaving node is gone.
+(:mod:`orchestrator.fabric.elastic_hooks`): on a checkpoint request it saves, uploads the
+checkpoint to ``BURST_CHECKPOINT_URI`` (a ``file://`` one: copied there), confirms and holds
+until the leaving node is gone, so the drain waits for the upload.
 
     torchrun ... orchestrator/fabric/elastic_train.py --checkpoint-dir DIR [--steps N]
 """
@@ -42,6 +43,19 @@ def save(path: Path, model, optimiser, step: int, history: list) -> None:
     os.replace(text, path.with_name("history.json"))
 
 
+def upload(path: Path) -> None:
+    """Copy the checkpoint to ``BURST_CHECKPOINT_URI`` (the node's ``storage.checkpoints``)
+    when it is a ``file://`` location; a real job uploads to its object store here."""
+    uri = os.environ.get("BURST_CHECKPOINT_URI", "")
+    if not uri.startswith("file://"):
+        return
+    target = Path(uri[len("file://"):])
+    target.mkdir(parents=True, exist_ok=True)
+    tmp = target / f"{path.name}.{os.getpid()}.tmp"
+    tmp.write_bytes(path.read_bytes())
+    os.replace(tmp, target / path.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -72,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if checkpoint_now:
             if rank == 0:
                 save(path, model, optimiser, step, history)
+                upload(path)  # the final checkpoint is safe before the drain hears of it
             control.confirm(step)
             control.hold()
             continue

@@ -7,7 +7,8 @@ hosts the rendezvous store of (``orchestrator/fabric/elastic_train.py``: gradien
 through the checkpoint hook: the job checkpoints, the node leaves, and the job rejoins at world
 size 1 on the other node from that checkpoint; clearing the floor drains the last one. The
 checkpointed history must be one contiguous run of steps (none lost or redone), world 2 then 1,
-and nothing may be left running.
+each drain's checkpoint uploaded to ``storage.checkpoints`` (``BURST_CHECKPOINT_URI``, a
+``file://`` location here) before the drain heard of it, and nothing may be left running.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from orchestrator.api.server import ApiServer
 from orchestrator.demo import _cleanup, _leftovers, _processes_under, torch_demo_policy
 from orchestrator.domain.nodes import NodeState
 from orchestrator.loop import ControlLoop
+from orchestrator.policy.storage import Storage
 from orchestrator.wiring import Settings, build_runtime
 
 pytest.importorskip("torch")
@@ -51,8 +53,10 @@ def test_an_elastic_job_trains_across_two_burst_nodes_and_survives_one_drain(tmp
         sock.bind(("127.0.0.1", 0))
         endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
     demo = torch_demo_policy(endpoint, checkpoints)
-    policy = demo.model_copy(update={"limits": demo.limits.model_copy(
-        update={"max_nodes": 2, "max_concurrent_launches": 2})})
+    uploads = tmp_path / "uploaded"  # storage.checkpoints: BURST_CHECKPOINT_URI of the job
+    policy = demo.model_copy(update={
+        "limits": demo.limits.model_copy(update={"max_nodes": 2, "max_concurrent_launches": 2}),
+        "pool": demo.pool.model_copy(update={"storage": Storage(checkpoints=f"file://{uploads}")})})
     settings = Settings(state_dir=state_dir, database_url=None, tick_s=1.0, api_port=0,
                         local_boot_delay_s=0.0, controller_url=None)
     runtime = build_runtime(settings, [policy])
@@ -110,6 +114,14 @@ def test_an_elastic_job_trains_across_two_burst_nodes_and_survives_one_drain(tmp
     assert runs[:2] == [1, 2] or runs[:1] == [2], runs  # the second node may join at once
     assert 2 in runs and runs[runs.index(2) + 1:][:1] == [1], runs  # world 2, then 1
     assert max(h["restart"] for h in history) >= 1
+    # Each drain's checkpoint was uploaded before it was confirmed: the last upload is the
+    # checkpoint the last drain confirmed.
+    confirmed = [json.loads(p.read_text())["step"]
+                 for p in instances.glob("*.work/elastic/checkpoint.done")]
+    import torch
+
+    uploaded = torch.load(uploads / "checkpoint.pt", weights_only=False)["step"]
+    assert confirmed and uploaded == max(confirmed)
     drains = [e for n in runtime.store.nodes(include_terminated=True)
               for e in runtime.store.events(n.id) if e.to_state is NodeState.DRAINING]
     assert len(drains) == 2
