@@ -76,3 +76,25 @@ def store(store_url: str) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+# -- running under pytest-xdist (optional) ---------------------------------------------------------
+# The README's test command runs serially. For a run on pytest-xdist workers (--dist loadgroup):
+# tests that share one machine-wide resource and cannot run on two workers at once: the Slurm
+# mini-cluster (its daemons, ports and munge socket), and the Redis databases some modules flush
+# (test_public_tasks.py and test_cancel_task.py share databases 11/12 through the same fixtures;
+# test_control_cli.py owns database 13). With --dist loadgroup each group runs on one worker;
+# without xdist the mark is inert.
+_SINGLE_WORKER_FIXTURES = {"slurm_cluster": "slurm", "slurm": "slurm"}
+_SINGLE_WORKER_MODULES = {"test_public_tasks.py": "redis-db-11-12",
+                          "test_cancel_task.py": "redis-db-11-12",
+                          "test_control_cli.py": "redis-db-13"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((g for fixture, g in _SINGLE_WORKER_FIXTURES.items() if fixture in names),
+                     _SINGLE_WORKER_MODULES.get(item.path.name))
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -16,8 +16,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def sample_json(tmp_path_factory):
     chart = tmp_path_factory.mktemp("chart") / "sample.png"
+    # A 5-minute tick: the policy run plans a fifth as often as at the default minute (the
+    # baselines act on events, not ticks), and nothing checked here depends on the tick.
     result = run_burst("simulate", "--trace", "itp-sample", "--baselines", "--json", "--png",
-                       str(chart), timeout=300)
+                       str(chart), "--tick", "5m", timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), chart
 
