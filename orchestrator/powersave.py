@@ -6,10 +6,11 @@ slurmctld runs these programs for ``State=CLOUD`` nodes (slurm.conf ``ResumeProg
 * **resume**: the names are routed to the power-save policy listing them in
   ``fabric.slurm.slots``; the planner's own rules decide what to launch for each
   (:mod:`orchestrator.planner.powersave`); each launch is bound to its name in the store (a
-  ``cloud`` fabric member) *before* the executor launches it, so the node's agent joins as that
-  name (``slurmd -b -N <name>``). A name nothing is launched for (budget, quota, paused pool, no
-  offering, a failed launch) is marked DOWN in Slurm with burst's reason, ``burst: ...``, which
-  ``sinfo -R`` shows, and its jobs go back to the queue (Slurm requeues them).
+  ``cloud`` fabric member) after its intent is recorded and before the provider is called, so
+  the node's agent joins as that name (``slurmd -b -N <name>``). A name nothing is launched for
+  (budget, quota, paused pool, no offering, a failed launch) is marked DOWN in Slurm with burst's
+  reason, ``burst: ...``, which ``sinfo -R`` shows, and its jobs go back to the queue (Slurm
+  requeues them).
 * **suspend** / **resume-fail**: the burst node bound to each name is terminated through the
   executor (recorded ``terminating`` with reason ``slurm-suspend`` / ``slurm-resume-fail``, then
   the provider call); the name is freed. Slurm has powered the node down already, so nothing is
@@ -26,7 +27,7 @@ import fcntl
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.domain.nodes import NodeState
@@ -131,15 +132,20 @@ def resume(rt: Runtime, policy: Policy, names: Sequence[str]) -> Outcome:
         snapshot = rt.observer.snapshot(now, policies=[policy], read_queues=False)
         planned = plan_resume(snapshot, policy, requests, now)
         outcome.decision_id = planned.decision.id
+        rt.executor.execute(replace(planned.plan, actions=()))  # the decision and memory first
+        errors: list[str] = []
         for name, launch in planned.launches.items():
-            # Bound before the launch: the agent's registration asks which name it is.
-            rt.store.add_fabric_member(scope, name, launch.node_id, now, kind=CLOUD)
-        report = rt.executor.execute(planned.plan)
+            # Intent, then the name, then the provider call: the agent's registration asks which
+            # name it is, and a name whose node has no record yet would be freed by the
+            # reconciler's clean-up of names held by gone nodes.
+            if rt.executor.record_launch(launch) is not None:
+                rt.store.add_fabric_member(scope, name, launch.node_id, now, kind=CLOUD)
+                errors += rt.executor.launch_recorded(launch.node_id).errors
         refused = dict(planned.refused)
         for name, launch in planned.launches.items():
             node = rt.store.get_node(launch.node_id)
             if node is None or node.state in _GONE:
-                refused[name] = f"launch failed: {'; '.join(report.errors) or 'see burst explain'}"
+                refused[name] = f"launch failed: {'; '.join(errors) or 'see burst explain'}"
                 rt.store.release_fabric_member(launch.node_id)
             else:
                 outcome.launched[name] = launch.node_id
