@@ -38,7 +38,6 @@ from orchestrator.planner import plan
 from orchestrator.policy.models import Policy
 
 _IN_FLIGHT = frozenset(s for s in NodeState if s.in_flight)
-NO_USER = "slurm"  # the owner the record shows for a power-save resume
 BOUND = "bound:"  # id prefix of the placeholder job of a node in flight
 _FIRST = 2**31 - 1  # placeholders are scheduled before any name
 
@@ -96,10 +95,12 @@ def resume_snapshot(snapshot: Snapshot, policy: Policy, requests: Sequence[Resum
     # Larger placeholders first, so first-fit gives each in-flight node its own.
     flying = sorted((n for n in mine if n.state in _IN_FLIGHT), key=lambda n: -n.gpus)
     held = tuple(Job(id=f"{BOUND}{n.id}", project=None, pool=pool, gpus=n.gpus,
-                     submitted_at=now - timedelta(microseconds=len(flying) - i), priority=_FIRST,
-                     user=NO_USER) for i, n in enumerate(flying))
-    jobs = held + tuple(Job(id=r.name, project=None, pool=pool, gpus=r.gpus, submitted_at=now,
-                            user=NO_USER) for r in requests)
+                     submitted_at=now - timedelta(microseconds=len(flying) - i), priority=_FIRST)
+                 for i, n in enumerate(flying))
+    # No project or user: Slurm names the nodes, not whose jobs wait for them (so the nodes get
+    # no burst:user tag).
+    jobs = held + tuple(Job(id=r.name, project=None, pool=pool, gpus=r.gpus, submitted_at=now)
+                        for r in requests)
     sizes = {r.gpus for r in requests}
     queues = dict(snapshot.queues)
     queues[pool] = PoolQueue(pool, OnPremState(0, 0), pending=jobs)

@@ -41,6 +41,8 @@ def test_one_launch_per_name_bound_through_its_jobs_and_recorded():
     resumed = plan_resume(make_snapshot(pool="cloud"), policy, requests, T0)
     assert set(resumed.launches) == {"cloud-1", "cloud-2"} and resumed.refused == {}
     assert all(launch.jobs == (name,) for name, launch in resumed.launches.items())
+    # Slurm names nodes, not whose jobs wait: no project or user (no burst:user tag) is made up.
+    assert all(lc.user is None and lc.project is None for lc in resumed.launches.values())
     assert [a for a in resumed.plan.actions if not isinstance(a, Launch)] == []
     decision = resumed.decision
     assert decision.rule is Rule.SCALE_UP
