@@ -2,7 +2,8 @@
 floor measured in the same run. Prints figures; not a test.
 
     python bench/bench_costs.py [--lines 300000] [--nodes 100] [--clients 1,8] [--seconds 5]
-                                [--repeat 20] [--pg [URL]] [--no-sqlite]
+                                [--repeat 20] [--writes 300] [--writes-only] [--pg [URL]]
+                                [--no-sqlite]
 
 Builds, through the real migrations, a store (SQLite in a temporary directory; with ``--pg`` a
 fresh PostgreSQL database on the server of URL, default the test server, dropped afterwards)
@@ -13,6 +14,8 @@ bench's site without its pending queue), with the scale bench's policy (11 budge
 * in this process, ``--repeat`` times each: the floor, a plain ``SELECT SUM(lines)`` of the day
   roll-up's rows in the 91 days, through the driver; the 90-day sums by project from the roll-ups and from the lines
   (what every report read before the roll-ups);
+* first, on the empty store: ``write_ledger``'s CPU per subject keeping the roll-ups, next to
+  the same writes with their upkeep skipped (the floor; ``--writes-only``: only this);
 * ``burst api`` (uvicorn, one process, as deployed) under each of ``--clients`` concurrent
   keep-alive clients for ``--seconds`` per route: p50/p99 of ``/v1/costs`` over 30 and 90 days
   grouped by project and of ``/v1/budgets``, next to ``/healthz`` (what any answer costs through
@@ -76,8 +79,49 @@ def _scan_floor(store: Store, since: str, until: str) -> Callable[[], object]:
     return count
 
 
+def measure_writes(store: Store, subjects: int) -> None:
+    """CPU of ``write_ledger`` per subject (three lines of three projects rewritten in its open
+    hour, as each tick's roll-up does for a live node), keeping the roll-ups and, as the floor,
+    with their upkeep skipped; paired, twice each."""
+    from orchestrator.domain.costs import CostKind, CostLine
+    from orchestrator.store import rollups
+
+    at = bench_report.END
+    epoch = at - timedelta(days=365)
+
+    def one_round(version: int) -> float:
+        began = time.process_time()
+        for s in range(subjects):
+            lines = [CostLine(
+                line_key=f"w-{s}:{i}", subject=f"w-{s}", node_id=f"w-{s}", period_start=at,
+                period_end=at + timedelta(minutes=version % 59 + 1), kind=CostKind.USAGE,
+                project=f"project-{i:02d}", job_id=f"j-{s}-{i}", policy="train", pool="gpu",
+                provider="aws", region="r", instance_type="t", market="spot",
+                price_usd_hour=9.5, instance_seconds=60.0 * version, gpu_seconds=480.0 * version,
+                cost_micros=1000 * version + i, user="ada") for i in range(3)]
+            store.write_ledger(f"w-{s}", lines, since=epoch, mark=None, at=at)
+        return (time.process_time() - began) / subjects * 1000
+
+    kept = rollups.apply_changes
+    figures: dict[str, list[float]] = {"kept": [], "skipped": []}
+    try:
+        for version in range(1, 5):
+            mode = "kept" if version % 2 else "skipped"
+            rollups.apply_changes = kept if mode == "kept" else (lambda *a, **k: None)
+            figures[mode].append(one_round(version))
+    finally:
+        rollups.apply_changes = kept
+    floor, with_rollups = min(figures["skipped"]), min(figures["kept"])
+    print(f"  write_ledger, {subjects} subjects of 3 lines: {with_rollups:.2f} ms CPU a subject "
+          f"with the roll-ups kept; floor, their upkeep skipped: {floor:.2f} ms "
+          f"({with_rollups / floor:.2f}x)")
+
+
 def measure(store: Store, label: str, args: argparse.Namespace) -> None:
     print(f"\n== {label}: {args.lines:,} cost lines over 90 days, {args.nodes:,} burst nodes")
+    measure_writes(store, args.writes)
+    if args.writes_only:
+        return
     began = time.perf_counter()
     bench_scale.build_site(store, 0, args.nodes, args.lines, random.Random(42))
     with store.engine.connect() as conn:
@@ -117,6 +161,8 @@ def main() -> None:
     ap.add_argument("--clients", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--writes", type=int, default=300, help="subjects written per round")
+    ap.add_argument("--writes-only", action="store_true", help="only the write_ledger figure")
     ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None,
                     help="also on PostgreSQL (a fresh database on this server, dropped after)")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")

@@ -34,6 +34,7 @@ from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
 
+_LINE_UPSERTS: dict[str, Any] = {}  # dialect -> the upsert of cost lines on their line_key
 ONPREM_SUBJECT = "onprem:"  # prefix of the subjects (and marks) of on-prem work, + pool name
 _CHUNK = 500  # ids per IN (...) list: well inside every driver's parameter limit
 
@@ -277,11 +278,15 @@ class Ledger(StoreBase):
             for chunk in _chunks(sorted(stale)):
                 conn.execute(sa.delete(T.cost_lines).where(_c.line_key.in_(chunk)))
             if changed:
-                stmt = self._insert(T.cost_lines)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["line_key"],
-                    set_={name: stmt.excluded[name]
-                          for name in (*_LINE_FIELDS, "day", "rolled_at") if name != "line_key"})
+                stmt = _LINE_UPSERTS.get(self.dialect)
+                if stmt is None:  # built once: its SET clause cost more CPU than running it
+                    stmt = self._insert(T.cost_lines)
+                    stmt = stmt.on_conflict_do_update(
+                        index_elements=["line_key"],
+                        set_={name: stmt.excluded[name] for name in (*_LINE_FIELDS, "day",
+                                                                     "rolled_at")
+                              if name != "line_key"})
+                    _LINE_UPSERTS[self.dialect] = stmt
                 rows = [{**_line_values(wanted[key]), "rolled_at": at} for key in sorted(changed)]
                 conn.execute(stmt, rows)
             rollups.apply_changes(
