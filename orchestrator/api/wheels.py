@@ -28,7 +28,8 @@ def router(wheel_dir: Path | None) -> APIRouter:
 
     @api.get("/v1/agent/wheels/{name}", tags=["agents"], response_class=FileResponse,
              responses={200: {"content": {WHEEL_MEDIA_TYPE: {}}}, 404: {"description": "no such wheel"}})
-    def wheel(name: str = PathParam(description="The wheel's file name.")) -> FileResponse:
+    def wheel(name: str = PathParam(description="The wheel's file name.", max_length=255,
+                                    pattern=_WHEEL_NAME.pattern)) -> FileResponse:
         """A wheel of BURST_NODE_WHEEL_DIR, for a cloud node's install step (no token)."""
         if wheel_dir is None:
             raise Problem(404, "no wheels served", "this controller serves no wheels "

@@ -20,8 +20,11 @@ def test_the_wheel_dir_is_served_and_nothing_else(rt: Runtime, tmp_path) -> None
         got = client.get(f"/v1/agent/wheels/{wheel.name}")
         assert got.status_code == 200 and got.content == wheel.read_bytes()
         assert got.headers["content-type"] == "application/zip"
-        for name in ("notes.txt", "missing-1.0-py3-none-any.whl", "..%2Fsecret.whl", ".hidden.whl"):
+        for name in ("missing-1.0-py3-none-any.whl", "..%2Fsecret.whl", ".hidden.whl"):
             assert client.get(f"/v1/agent/wheels/{name}").status_code == 404, name
+        refused = client.get("/v1/agent/wheels/notes.txt")  # not a wheel's name at all
+        assert refused.status_code == 422 and refused.headers["content-type"].startswith(
+            "application/problem+json")
     with served(rt) as client:  # no BURST_NODE_WHEEL_DIR: nothing is served
         problem = client.get(f"/v1/agent/wheels/{wheel.name}")
         assert problem.status_code == 404 and "BURST_NODE_WHEEL_DIR" in problem.json()["detail"]
