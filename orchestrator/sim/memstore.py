@@ -37,7 +37,8 @@ class SimStore:
         self.decisions: deque[Decision] = deque(maxlen=keep_decisions)
         self.rules: Counter[str] = Counter()
         self.held_back: Counter[str] = Counter()  # limit -> decisions it held launches back in
-        self.events = 0
+        self.event_count = 0  # node events written (the sim keeps only each node's first)
+        self._created: dict[str, NodeEvent] = {}  # node id -> the event that created it
         self.terminated_log: list[str] = []
         # Per job id, the on-prem starts the planner predicted when it launched for the job
         # (decision time, predicted start or None), oldest first: see orchestrator.sim.roi.
@@ -58,7 +59,8 @@ class SimStore:
         self._nodes[node.id] = node
         self._by_request[node.request_id] = node.id
         self._put(node)
-        self.events += 1
+        self._created[node.id] = event
+        self.event_count += 1
         return True
 
     def get_node(self, node_id: str) -> Node | None:
@@ -89,7 +91,7 @@ class SimStore:
         if current is None or current.version != old.version:
             return False
         self._put(new)
-        self.events += 1
+        self.event_count += 1
         return True
 
     def update_node(self, old: Node, **changes: Any) -> Node | None:
@@ -102,6 +104,12 @@ class SimStore:
         new = replace(current, **changes, version=current.version + 1)
         self._put(new)
         return new
+
+    def events(self, node_id: str, limit: int = 50) -> list[NodeEvent]:
+        """A node's events, newest first, as the store answers: here only the one that created it
+        (its launch intent, whose details the executor reads back), as the sim keeps no history."""
+        created = self._created.get(node_id)
+        return [created][:limit] if created is not None else []
 
     def set_usage(self, node_id: str, **changes: Any) -> Node:
         """Fold the fabric's view of a node (GPUs busy, jobs, idle since, released) into its
