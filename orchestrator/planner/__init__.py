@@ -426,7 +426,7 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
 
 
 def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
-              census: Census, admit: Callable[[Job, str], bool] | None, now: datetime) -> Demand:
+              census: Census, admit: NodeAdmitter | None, now: datetime) -> Demand:
     """Absorption again without the jobs burst nodes took whose data staging would outlast
     their predicted on-prem wait (:mod:`.staging`): a node booting for one job must not count
     as covering another that is better off waiting on-prem, or the first is launched for twice."""
@@ -434,12 +434,33 @@ def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Polic
                           queue, now).held
     if not held:
         return demand
-    refused = frozenset(j.id for j in held)
+    return absorb(queue, nodes, policy, census, _Unstaged(frozenset(j.id for j in held), admit))
 
-    def admit_unstaged(job: Job, node_id: str) -> bool:
-        return job.id not in refused and (admit is None or admit(job, node_id))
 
-    return absorb(queue, nodes, policy, census, admit_unstaged)
+class _Unstaged:
+    """An admitter (as :class:`~.admission.NodeAdmitter` reads) that refuses the held jobs on
+    every burst node and asks ``base`` about the rest. Its verdicts depend on the job itself,
+    not on its (project, width, duration), so absorption's cache of refusals by that key must
+    not hold: ``loosened`` differs at every read, and ``quotas_only`` is off."""
+
+    quotas_only = False
+
+    def __init__(self, refused: frozenset[str], base: NodeAdmitter | None):
+        self.refused = refused
+        self.base = base
+        self.admission = base.admission if base is not None else None
+        self._reads = 0
+
+    @property
+    def loosened(self) -> int:
+        self._reads += 1
+        return -self._reads
+
+    def node_class(self, node_id: str | None) -> object:  # pragma: no cover - quotas_only off
+        return node_id
+
+    def __call__(self, job: Job, node_id: str | None) -> bool:
+        return job.id not in self.refused and (self.base is None or self.base(job, node_id))
 
 
 def _wider_than(jobs: Sequence[Job], widest: int) -> int:

@@ -141,3 +141,19 @@ def test_bad_storage_names_the_field(storage, field) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy_text(text, "p.yaml")
     assert field in str(info.value)
+
+
+def test_a_booting_node_is_not_taken_on_paper_by_a_held_job() -> None:
+    # "big" (older: first in order) is held for staging; "small" got the booting node last tick.
+    # Absorption must leave the node to "small", not launch a second node for it.
+    from orchestrator.domain.nodes import NodeState
+    from tests.builders import make_node
+
+    big = make_job("big", gpus=8, duration_s=3600, wait=timedelta(minutes=20))
+    small = dataclasses.replace(make_job("small", gpus=8, duration_s=3600,
+                                         wait=timedelta(minutes=10)), dataset_gb=1.0)
+    snapshot = dataclasses.replace(_snapshot([big, small], 600),
+                                   nodes=(make_node("n1", state=NodeState.BOOTING),))
+    result, decision = _decision(_policy(), snapshot)
+    assert not [a for a in result.actions if isinstance(a, Launch)], decision.summary
+    assert HELD_BY in decision.held_back_by and "big (1000 GB" in decision.summary
