@@ -103,25 +103,6 @@ class Bins:
             self._move(index, 0)
         return used
 
-    def place_among(self, gpus: int, classes: list[object], allowed: tuple[object, ...]
-                    ) -> list[int] | None:
-        """:meth:`place_if` with ``ok(i)`` being ``classes[i] in allowed``, written out: the
-        quota-only admission of a job over its quota, asked of thousands of bins a tick."""
-        if not 0 < gpus <= self.node_size or gpus > self.total:
-            return None
-        by_free = self._by_free
-        for room in range(gpus, len(by_free)):
-            bucket = by_free[room]
-            for position in range(len(bucket) - 1, -1, -1):
-                index = bucket[position]
-                if classes[index] in allowed:
-                    del bucket[position]
-                    self.total -= gpus
-                    self.free[index] = room - gpus
-                    by_free[room - gpus].append(index)
-                    return [index]
-        return None
-
     def place_if(self, gpus: int, ok: Callable[[int], bool]) -> list[int] | None:
         """Place a one-node job (``gpus`` <= ``node_size``) on the bin :meth:`place` would pick
         among those ``ok`` accepts (asked in that order; the first yes is used)."""
@@ -179,6 +160,74 @@ class Bins:
         self.total -= self.free[index] - room
         self.free[index] = room
         self._by_free[room].append(index)
+
+
+class OwnedBins:
+    """Burst bins of one absorption under quotas alone: :class:`Bins`' best fit, or the best fit
+    among the bins of some classes (whose node it is, :meth:`NodeAdmitter.node_class`), each
+    found without asking bin by bin.
+
+    Each bucket of free room is kept whole and per class, in the order bins entered it (a
+    stamp each), so the bin :meth:`Bins.place_if` would find scanning a bucket from its end is
+    the latest-stamped last bin of an allowed class. Absorption only fills bins, so a bin leaves
+    a room for good: an entry is live while its bin's free room is that room (dead ones are
+    dropped when they reach the end).
+    """
+
+    __slots__ = ("_buckets", "_by_class", "_classes", "_seq", "_stamp", "free", "node_size",
+                 "total")
+
+    def __init__(self, bins: Bins, classes: list[object]):
+        self.free = list(bins.free)
+        self.total = bins.total
+        self.node_size = bins.node_size
+        self._classes = classes
+        self._buckets = [list(bucket) for bucket in bins._by_free]
+        self._by_class: list[dict[object, list[int]]] = [{} for _ in self._buckets]
+        self._stamp = [0] * len(self.free)
+        seq = 0
+        for room, bucket in enumerate(self._buckets):
+            by_class = self._by_class[room]
+            for index in bucket:
+                seq += 1
+                self._stamp[index] = seq
+                by_class.setdefault(classes[index], []).append(index)
+        self._seq = seq
+
+    def _last(self, entries: list[int], room: int) -> int | None:
+        free = self.free
+        while entries and free[entries[-1]] != room:
+            entries.pop()
+        return entries[-1] if entries else None
+
+    def place(self, gpus: int, allowed: tuple[object, ...] | None = None) -> int | None:
+        """Place a one-node job on the bin :meth:`Bins.place` would pick (``allowed`` None), or
+        :meth:`Bins.place_if` with ``ok(i)`` being ``classes[i] in allowed``; its index, or
+        None."""
+        if not 0 < gpus <= self.node_size or gpus > self.total:
+            return None
+        stamp = self._stamp
+        for room in range(gpus, len(self._buckets)):
+            if allowed is None:
+                index = self._last(self._buckets[room], room)
+            else:
+                index = None
+                by_class = self._by_class[room]
+                for klass in allowed:
+                    entries = by_class.get(klass)
+                    found = self._last(entries, room) if entries else None
+                    if found is not None and (index is None or stamp[found] > stamp[index]):
+                        index = found
+            if index is not None:
+                left = room - gpus
+                self.free[index] = left
+                self.total -= gpus
+                self._seq += 1
+                stamp[index] = self._seq
+                self._buckets[left].append(index)
+                self._by_class[left].setdefault(self._classes[index], []).append(index)
+                return index
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +476,11 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
             durations_key = np.nan_to_num(columns.duration_s, nan=-1.0).tolist()
             names = columns.projects
             admission = admit.admission
-            classes = list(map(admit.node_class, owners)) if admit.quotas_only else None
+            # Quotas only, and no job spread over nodes (the one other placement on these
+            # bins): the bins by whose node they are (the Bins are replaced after absorption).
+            classes = (list(map(admit.node_class, owners)) if admit.quotas_only and not spans
+                       else None)
+            owned = OwnedBins(burst, classes) if classes is not None else None
         for index, gpus in enumerate(order.gpus_in_order()):
             if not onprem.total and not burst.total:
                 stop = index
@@ -459,15 +512,18 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
                         # in flight; the chosen node's start is then taken as the dispatcher
                         # would (its verdict is a yes by construction).
                         project = names[codes[row]]
+                        placed = None
                         if admission.over_quota(project, gpus):
                             if refused.get(key) != admit.loosened:
-                                used = burst.place_among(gpus, classes, (ANY_NODE, project))
-                                if used is None:
+                                placed = owned.place(gpus, (ANY_NODE, project))
+                                if placed is None:
                                     refused[key] = admit.loosened
                         else:
-                            used = burst_place(gpus)
-                        if used is not None:
-                            admit(job_at(row), owners[used[0]])
+                            placed = owned.place(gpus)
+                        if placed is not None:
+                            used = [placed]
+                            burst.total = owned.total  # the loop's stop reads it
+                            admit(job_at(row), owners[placed])
                     elif refused.get(key) != admit.loosened:
                         job = job_at(row)
                         used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
