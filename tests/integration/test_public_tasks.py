@@ -253,3 +253,68 @@ def test_evaluate_and_reconcile_do_not_act_while_an_embedded_loop_leads(app: Cel
     report = again.tick()
     assert report.decisions == [] and report.skipped["policy:fast"].startswith("celery:")
     again.close()
+
+
+# -- a launch group through Celery (issue 19): one task, all nodes or none ------------------------
+
+
+def test_a_launch_group_is_one_task_that_launches_all_its_nodes_or_none(
+        app: Celery, store: Store, tmp_path: Path) -> None:
+    """The planner's task records a multi-node job's launch group; ``burst.provider.launch_group``
+    launches every node of it (a repeat changes nothing), and when one node cannot be had the
+    whole group falls back: no node of it is left running."""
+    from orchestrator.automation.app import CONTROL_QUEUE
+    from orchestrator.automation.runtime import runtime
+    from orchestrator.domain.nodes import NodeState
+    from orchestrator.domain.plan import ActionReason, Launch
+    from orchestrator.groups import record_group
+    from tests.builders import offering_of
+
+    rt = runtime()
+    policy = rt.policies["fast"]
+    provider = rt.executor.providers["local"]._inner  # the local provider under its metrics
+    offering = offering_of(policy)
+
+    def group(name: str, *nodes: str) -> str:
+        launches = [Launch(policy=policy.name, pool=policy.pool.name, node_id=n,
+                           request_id=f"r-{n}", offering=offering, reason=ActionReason.DEMAND,
+                           project="research", decision_id="d-group", group=name,
+                           group_size=len(nodes)) for n in nodes]
+        assert record_group(rt.executor, launches) is not None
+        return name
+
+    def launch_group(group_id: str) -> dict:
+        # This module's worker consumes the control queue; the task's own route is the provider
+        # queue (a worker there runs it the same way).
+        return app.send_task("burst.provider.launch_group", kwargs={"group_id": group_id},
+                             queue=CONTROL_QUEUE).get(timeout=TIMEOUT)
+
+    def running(nodes: tuple[str, ...]) -> list[str]:
+        return sorted(i.tags["burst:node-id"] for i in provider.list_owned(policy.cluster)
+                      if i.state.value == "running" and i.tags.get("burst:node-id") in nodes)
+
+    launched = ("g1-a", "g1-b")
+    try:
+        answer = launch_group(group("g1", *launched))
+        assert answer["status"] == "launched" and sorted(answer["nodes"]) == list(launched)
+        assert {store.get_node(n).state for n in launched} == {NodeState.LAUNCHING}
+        assert running(launched) == list(launched)
+        again = launch_group("g1")
+        assert again["status"] == "already-done" and running(launched) == list(launched)
+
+        # The offering runs out of capacity: the whole group falls back, nothing stranded.
+        stockout = tmp_path / "stockout"
+        stockout.write_text(offering.key + "\n")
+        provider.capacity_file = stockout
+        starved = ("g2-a", "g2-b")
+        answer = launch_group(group("g2", *starved))
+        assert answer["status"] == "capacity" and answer["offering"] == offering.key
+        assert {store.get_node(n).state for n in starved} == {NodeState.TERMINATED}
+        assert running(starved) == []
+        assert launch_group("nope") == {
+            "group": "nope", "status": "unknown-group"}
+    finally:
+        provider.capacity_file = None
+        owned = [i.id for i in provider.list_owned(policy.cluster)
+                 if i.tags.get("burst:node-id", "").startswith(("g1-", "g2-"))]
+        provider.terminate(owned)
