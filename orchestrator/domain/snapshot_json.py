@@ -9,7 +9,7 @@ input limits of :mod:`orchestrator.policy.reading`; every time, number and name 
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -189,7 +189,12 @@ def load_snapshot(path: str | Path) -> Snapshot:
 
 
 def snapshot_to_json(snapshot: Snapshot) -> dict[str, Any]:
-    return _SNAPSHOT.dump_python(snapshot, mode="json")
+    """The snapshot in the ``--snapshot`` format. A live queue carries its pending jobs as
+    columns (:class:`~orchestrator.domain.pending.PendingColumns`); the file lists them as jobs."""
+    queues = {pool: queue if isinstance(queue.pending, tuple)
+              else replace(queue, pending=tuple(queue.pending))
+              for pool, queue in snapshot.queues.items()}
+    return _SNAPSHOT.dump_python(replace(snapshot, queues=queues), mode="json")
 
 
 _ACTION_TYPES = {Launch: "launch", Drain: "drain", Terminate: "terminate", Hold: "hold"}
