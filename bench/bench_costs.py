@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import secrets
 import statistics
 import sys
 import tempfile
@@ -167,25 +166,8 @@ def main() -> None:
                     help="also on PostgreSQL (a fresh database on this server, dropped after)")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")
     args = ap.parse_args()
-    if not (args.no_sqlite and args.pg):
-        with tempfile.TemporaryDirectory(prefix="bench-costs-db-") as tmp:
-            with Store(f"sqlite:///{Path(tmp) / 'burst.db'}") as store:
-                store.upgrade()
-                measure(store, "SQLite", args)
-    if args.pg:
-        admin = sa.create_engine(args.pg, isolation_level="AUTOCOMMIT")
-        name = f"bench_costs_{secrets.token_hex(4)}"
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        try:
-            url = sa.make_url(args.pg).set(database=name).render_as_string(hide_password=False)
-            with Store(url) as store:
-                store.upgrade()
-                measure(store, "PostgreSQL", args)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            admin.dispose()
+    for store, label in bench_report.each_store(args, "bench-costs"):
+        measure(store, label, args)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ usage lines of jobs from several projects. Then times the report shapes the API 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import secrets
 import statistics
@@ -44,6 +45,38 @@ COLUMNS = ("line_key", "subject", "node_id", "period_start", "period_end", "day"
            "project", "job_id", "policy", "pool", "provider", "region", "instance_type", "market",
            "price_usd_hour", "instance_seconds", "gpu_seconds", "cost_micros",
            "onprem_equiv_micros", "final", "rolled_at")
+
+
+@contextlib.contextmanager
+def scratch_pg_store(admin_url: str, prefix: str) -> Iterator[Store]:
+    """A migrated store on a fresh PostgreSQL database of the server at ``admin_url``, dropped
+    on the way out (the benches' PostgreSQL runs)."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        url = sa.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        with Store(url) as store:
+            store.upgrade()
+            yield store
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def each_store(args: argparse.Namespace, prefix: str) -> Iterator[tuple[Store, str]]:
+    """(store, label) for a scratch SQLite store unless ``--no-sqlite`` with ``--pg``, then a
+    scratch PostgreSQL one when ``--pg`` is given: the benches' ``--pg``/``--no-sqlite`` flags."""
+    if not (args.no_sqlite and args.pg):
+        with tempfile.TemporaryDirectory(prefix=f"{prefix}-db-") as tmp:
+            with Store(f"sqlite:///{Path(tmp) / 'burst.db'}") as store:
+                store.upgrade()
+                yield store, "SQLite"
+    if args.pg:
+        with scratch_pg_store(args.pg, prefix.replace("-", "_")) as store:
+            yield store, "PostgreSQL"
 
 
 def lines(total: int, seed: int = 7) -> Iterator[tuple]:
@@ -193,24 +226,12 @@ def main() -> None:
             store.close()
 
     if args.pg:
-        admin = sa.create_engine(args.pg, isolation_level="AUTOCOMMIT")
-        name = f"burst_bench_{secrets.token_hex(4)}"
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            url = sa.make_url(args.pg).set(database=name)
-            store = Store(url.render_as_string(hide_password=False))
-            store.upgrade()
+        with scratch_pg_store(args.pg, "burst_bench") as store:
             began = time.perf_counter()
             load_pg(store, args.lines)
             count = _count(store)
             print(f"PostgreSQL: loaded {count:,} lines in {time.perf_counter() - began:.1f} s")
             run(store, f"PostgreSQL ({count:,} lines)", args.repeat)
-            store.close()
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.dispose()
 
 
 def _count(store: Store) -> int:

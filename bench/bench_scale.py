@@ -36,7 +36,6 @@ import json
 import os
 import random
 import resource
-import secrets
 import statistics
 import subprocess
 import sys
@@ -377,25 +376,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile one planning pass")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")
     args = ap.parse_args()
-    if not (args.no_sqlite and args.pg):
-        with tempfile.TemporaryDirectory(prefix="bench-scale-db-") as tmp:
-            with Store(f"sqlite:///{Path(tmp) / 'burst.db'}") as store:
-                store.upgrade()
-                measure_store(store, "SQLite", args)
-    if args.pg:
-        admin = sa.create_engine(args.pg, isolation_level="AUTOCOMMIT")
-        name = f"bench_scale_{secrets.token_hex(4)}"
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        try:
-            url = sa.make_url(args.pg).set(database=name).render_as_string(hide_password=False)
-            with Store(url) as store:
-                store.upgrade()
-                measure_store(store, "PostgreSQL", args)
-        finally:
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            admin.dispose()
+    for store, label in bench_report.each_store(args, "bench-scale"):
+        measure_store(store, label, args)
 
 
 if __name__ == "__main__":
