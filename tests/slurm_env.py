@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from orchestrator.policy import load_policy_text
+from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 _SPEC = importlib.util.spec_from_file_location("burst_minicluster",
@@ -40,7 +41,7 @@ MiniCluster = minicluster.MiniCluster
 CHECKPOINT_JOB = """#!/bin/bash
 dir={dir}
 step=$(cat $dir/ckpt 2>/dev/null || echo 0)
-echo "start $step restart=${{SLURM_RESTART_COUNT:-0}} node=$SLURMD_NODENAME" >> $dir/log
+echo "start $step restart=${{SLURM_RESTART_COUNT:-0}} node=$SLURMD_NODENAME nodes=$SLURM_JOB_NUM_NODES:$SLURM_JOB_NODELIST" >> $dir/log
 want=0
 trap 'want=1' USR1
 while [ $step -lt {steps} ]; do
@@ -95,6 +96,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniClus
         if _shared["users"] == 0:
             _shared["cluster"].stop()  # type: ignore[union-attr]
             _shared["cluster"] = None
+
+
+@pytest.fixture
+def live_store(tmp_path: Path) -> Iterator[Store]:
+    """The live-Slurm tests need one store, not both backends (the slot logic is tested on both)."""
+    s = Store(f"sqlite:///{tmp_path / 'burst.db'}")
+    s.upgrade()
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture

@@ -24,28 +24,13 @@ from orchestrator.domain.nodes import NodeState
 from orchestrator.fabric.slurm import SlurmFabric, slurm_scope
 from orchestrator.fabric.slurm_node import SlurmMember
 from orchestrator.sources.slurm import SlurmQueue
-from orchestrator.store import Store
 from tests.builders import FixedClock, make_node
 from tests.slurm_env import CHECKPOINT_JOB, slurm_policy
-from tests.slurm_env import slurm, slurm_cluster  # noqa: F401 (fixtures)
+from tests.slurm_env import live_store, slurm, slurm_cluster  # noqa: F401 (fixtures)
 from tests.processes import READY_S
 from tests.processes import wait_for as shared_wait_for
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def live_store(tmp_path):
-    """The live-Slurm tests need one store, not both backends (the slot logic is tested on both)."""
-    s = Store(f"sqlite:///{tmp_path / 'burst.db'}")
-    s.upgrade()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-
 
 
 def wait_for(condition, timeout: float = READY_S, what: str = "condition"):

@@ -18,47 +18,15 @@ import pytest
 from orchestrator.domain.nodes import NodeState
 from orchestrator.fabric.slurm import SlurmFabric
 from orchestrator.fabric.slurm_node import SlurmMember
-from orchestrator.store import Store
 from tests.builders import FixedClock, make_node
 from tests.processes import wait_for as shared_wait_for
-from tests.slurm_env import slurm_policy
-from tests.slurm_env import slurm, slurm_cluster  # noqa: F401 (fixtures)
+from tests.slurm_env import CHECKPOINT_JOB, slurm_policy
+from tests.slurm_env import live_store, slurm, slurm_cluster  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 STEPS = 25  # 0.1 s each
-
-# The checkpointing job of tests/slurm_env.py, logging the nodes each start ran on.
-JOB = """#!/bin/bash
-dir={dir}
-step=$(cat $dir/ckpt 2>/dev/null || echo 0)
-echo "start $step restart=${{SLURM_RESTART_COUNT:-0}} nodes=$SLURM_JOB_NUM_NODES:$SLURM_JOB_NODELIST" >> $dir/log
-want=0
-trap 'want=1' USR1
-while [ $step -lt {steps} ]; do
-  if [ $want = 1 ]; then
-    echo $step > $dir/ckpt.tmp && mv $dir/ckpt.tmp $dir/ckpt
-    echo "checkpoint $step" >> $dir/log
-    scontrol update jobid=$SLURM_JOB_ID comment=burst:checkpointed
-    while :; do sleep 1; done
-  fi
-  sleep 0.1 & wait $!
-  step=$((step+1))
-  echo "step $step" >> $dir/log
-done
-echo "done $step" >> $dir/log
-"""
-
-
-@pytest.fixture
-def live_store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'burst.db'}")
-    s.upgrade()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def wait_for(condition, timeout: float = 60.0, what: str = "condition"):
@@ -105,7 +73,7 @@ def test_a_two_node_and_a_one_node_job_run_on_burst_nodes_and_survive_their_drai
             dirs[name] = tmp_path / name
             dirs[name].mkdir()
             script = tmp_path / f"{name}.sh"
-            script.write_text(JOB.format(dir=dirs[name], steps=STEPS))
+            script.write_text(CHECKPOINT_JOB.format(dir=dirs[name], steps=STEPS))
             script.chmod(0o755)
             ids[name] = _sbatch(slurm, "-D", str(tmp_path), "-N", str(width),
                                 "--gres=gpu:4", str(script))
