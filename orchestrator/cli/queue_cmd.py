@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     out,
     print_json,
 )
+from orchestrator.policy.timefmt import parse_aware
 
 _PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)]
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
@@ -123,7 +124,7 @@ def _utilisation_cell(node: dict, now: datetime) -> str:
     if percent is None:
         return "unknown"
     if node["low_utilisation"]:
-        since = datetime.fromisoformat(node["low_utilisation_since"])
+        since = parse_aware(node["low_utilisation_since"], "low_utilisation_since")
         return f"{percent:.0f}% idle {age((now - since).total_seconds())}"
     return f"{percent:.0f}%"
 
@@ -276,7 +277,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
         for col in ("job", "project", "node", "GPUs", "GPU util", "low for"):
             idle.add_column(col)
         for j in low_jobs:
-            low_for = (now - datetime.fromisoformat(j["low_since"])).total_seconds()
+            low_for = (now - parse_aware(j["low_since"], "low_since")).total_seconds()
             idle.add_row(j["id"], j["project"], j["node"], str(j["gpus"]),
                          f"{j['gpu_utilisation_percent']:.0f}%", age(low_for))
         out.print(idle)

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from orchestrator.policy.timefmt import TimeFormatError, parse_aware
+
 SACCT_FIELDS = ("JobID", "User", "Account", "QOS", "Start", "End", "Elapsed", "AllocTRES",
                 "TRESUsageInAve", "TRESUsageInMax")
 FINISHED_STATES = "CD,F,TO,CA,PR,NF,OOM,DL"  # ended jobs, whatever the reason
@@ -97,10 +99,9 @@ def _time(text: str | None) -> datetime | None:
     if not text or text in ("Unknown", "None"):
         return None
     try:
-        stamp = datetime.fromisoformat(text)
-    except ValueError:
+        return parse_aware(text, "sacct time", assume_utc=True)
+    except TimeFormatError:
         return None
-    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from sqlalchemy import Connection
 from orchestrator.domain.plan import Decision
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.codec import parse_time
 
 _w = T.burst_waits.c
 
@@ -143,9 +144,8 @@ class BurstWaits(StoreBase):
 
 def _aware(moment: datetime) -> datetime:
     # An aggregate comes back without the column's type on SQLite: make it UTC-aware again.
-    if isinstance(moment, str):
-        moment = datetime.fromisoformat(moment)
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return parse_time(moment) if isinstance(moment, str) else (
+        moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC))
 
 
 __all__ = ["BurstWait", "BurstWaits", "mark_burst_start", "record_predictions"]
