@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=1800.0, help="wait SLO in seconds")
     parser.add_argument("--backfill", default="easy", choices=[b.value for b in Backfill],
                         help="the on-prem scheduler's backfill rule")
+    parser.add_argument("--node-gpus", type=int, default=8, help="GPUs per on-prem node")
     parser.add_argument("--prototype", action="store_true",
                         help="also run the wait-aware prototype (bench/wait_aware.py)")
     parser.add_argument("--policy", action="append", default=None,
@@ -65,7 +66,7 @@ def main() -> None:
                       tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400), trace.source)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
-    options = SimOptions(slo_s=args.slo, node_gpus=8, onprem="p70", tick_s=60.0,
+    options = SimOptions(slo_s=args.slo, node_gpus=args.node_gpus, onprem="p70", tick_s=60.0,
                          backfill=Backfill(args.backfill))
     began = time.perf_counter()
     result = simulate(trace, policies, baselines=True, options=options)

@@ -33,7 +33,9 @@ from orchestrator.planner import plan as make_plan
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook
 from orchestrator.planner.offerings import resolve_candidates
+from orchestrator.planner.placement import spans_nodes
 from orchestrator.policy.models import Policy
+from orchestrator.sim.burstpool import Spread
 from orchestrator.sim.pool import GpuPool
 from orchestrator.sim.spend import SpendMeter
 from orchestrator.sim.world import SimJob, at, seconds
@@ -92,7 +94,11 @@ class PolicyController(Controller):
         usable, _ = resolve_candidates(self.policy, self.catalogue, (), at(0))
         self.keys = tuple(c.key for c in usable)
         self.meter = SpendMeter(self.policy, engine.store, engine.world)
-        engine.world.burst_one_node = True  # as the built-in queue dispatches
+        # What one job may use of the burst nodes is what the policy's fabric can run: one node
+        # (the built-in queue's dispatcher), or whole nodes of one offering (Slurm, torch elastic:
+        # the planner launches a wide job's nodes as one launch group of one offering).
+        engine.world.burst.spread = (Spread.ONE_OFFERING if spans_nodes(self.policy)
+                                     else Spread.ONE_NODE)
         if getattr(self.policy, "budgets", ()) or any(
                 p.max_burst_gpus is not None for p in self.policy.projects):
             engine.world.admission = self.admission

@@ -4,9 +4,12 @@ Scheduling is priority then FIFO with backfill. Jobs are taken in the planner's 
 (project priority, job priority, submit time; :func:`orchestrator.planner.demand.scheduling_order`),
 on-prem is always offered work first, and pending jobs that do not fit on-prem run on ready burst
 nodes (a draining node takes no new work). Multi-GPU jobs need GPUs of one node; on-prem, jobs
-wider than a node need whole nodes (:mod:`orchestrator.sim.pool`). In a policy run a burst node
-takes only a job that fits on it alone, as the built-in queue's dispatcher (no multi-node
-placement there yet); the baselines' burst nodes give a wide job whole nodes. How a job that does not fit on-prem affects
+wider than a node need whole nodes (:mod:`orchestrator.sim.pool`). On burst nodes what one job
+may use is what the fabric can run (:mod:`orchestrator.sim.burstpool`): in a policy run whose
+fabric is the built-in queue, one node; where the fabric spans nodes (Slurm, torch elastic),
+whole free nodes of one offering for a job wider than one node, as the planner launches them (one
+launch group); the baselines' burst nodes give a wide job any whole nodes. A job never mixes
+on-prem and burst nodes. How a job that does not fit on-prem affects
 the jobs behind it is the on-prem pool's :class:`Backfill` rule:
 
 * ``easy`` (the default; what Slurm's backfill scheduler does for its top job): the first job in
@@ -51,6 +54,7 @@ from orchestrator.planner.admission import Admission
 from orchestrator.planner.backfill import (BackfillConfig, NodeSpace, PendingJob, backfill_pass)
 from orchestrator.planner.staging import staging_of
 from orchestrator.policy.models import Policy
+from orchestrator.sim.burstpool import BurstPool
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.pool import Allocation, GpuPool
 from orchestrator.sim.traces import TraceJob
@@ -149,7 +153,9 @@ class World:
         self.pool_name = policy.pool.name
         self.store = store
         self.onprem = GpuPool.uniform(onprem_nodes, gpus_per_node)
-        self.burst = GpuPool()  # ready burst nodes that take work (not draining)
+        # Ready burst nodes that take work (not draining), by offering; how one job may spread
+        # over them (``burst.spread``) is set by the controller (orchestrator.sim.burstpool).
+        self.burst = BurstPool()
         self._burst_index: dict[str, int] = {}
         self._burst_ids: dict[int, str] = {}
         self._next_index = 0
@@ -204,13 +210,10 @@ class World:
         # Set by a policy controller at every plan: jobs the decision keeps off burst nodes
         # (staging their data would outlast their on-prem wait); burst dispatch skips them.
         self.staging_held: frozenset[str] = frozenset()
-        # A burst node takes only a job that fits on it alone, as the built-in queue dispatches
-        # (set for policy runs; the baselines model autoscalers that give a wide job whole nodes).
-        self.burst_one_node = False
         # Runs on burst nodes, for spend by work (whose job, on whose node, when):
         # [project, node id, GPUs, start s, end s or None]; open ones by job index.
         self.burst_runs: list[list] = []
-        self._open_runs: dict[int, list] = {}
+        self._open_runs: dict[int, list[list]] = {}  # job index -> its runs (one per node)
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -253,29 +256,36 @@ class World:
             if self.burst.free_total and self._burst_q:
                 admission = self.admission(now) if self.admission is not None else None
                 if admission is None:
-                    self._fill(self.burst, self._burst_q, "burst", now, started,
-                               one_node=self.burst_one_node)
+                    self._fill(self.burst, self._burst_q, "burst", now, started)
                 else:
                     self._fill_admitted(admission, now, started)
         return started
 
     def _fill(self, pool: GpuPool, queues: dict[int, list], where: str, now: float,
-              started: list[SimJob], one_node: bool = False) -> None:
+              started: list[SimJob]) -> None:
+        burst = where == "burst"
+        # Burst nodes: what one job may use is the pool's spread (one node, whole nodes of one
+        # offering, any whole nodes; orchestrator.sim.burstpool).
+        fits = pool.fits_job if burst else pool.fits
         while pool.free_total:
             best = None
             for width, heap in queues.items():
-                if one_node and width > pool.max_size:
-                    continue  # burst nodes: one node per job, as the built-in queue dispatches
-                head = _head(heap) if where != "burst" else self._burst_head(heap)
-                if head is not None and (best is None or head[0] < best[0]) and pool.fits(width):
+                head = self._burst_head(heap) if burst else _head(heap)
+                if head is not None and (best is None or head[0] < best[0]) and fits(width):
                     best = head
             if best is None:
                 return
             job = best[2]
             if queues[job.gpus][0] is best:
                 heapq.heappop(queues[job.gpus])  # (else its entry goes stale: _head drops it)
-            self._start(job, pool.place(job.gpus), where, now)
+            self._start(job, pool.place(job.gpus) if not burst else self._take_burst(job.gpus),
+                        where, now)
             started.append(job)
+
+    def _take_burst(self, gpus: int) -> Allocation:
+        alloc = self.burst.find_job(gpus)
+        self.burst.take(alloc)
+        return alloc
 
     def _burst_head(self, heap: list) -> tuple | None:
         """The first live entry of a burst queue that the decision does not keep on-prem."""
@@ -491,7 +501,7 @@ class World:
         for (index, used), node_id in zip(alloc, ids):
             run = [job.domain.project, node_id, used, now, None]
             self.burst_runs.append(run)
-            self._open_runs[job.index] = run
+            self._open_runs.setdefault(job.index, []).append(run)
             jobs = self.node_jobs.setdefault(node_id, set())
             jobs.add(job)
             node = self.store.get_node(node_id)
@@ -533,8 +543,7 @@ class World:
 
     def _leave_burst_nodes(self, job: SimJob, now: float) -> None:
         runtime = now - job.start_s
-        run = self._open_runs.pop(job.index, None)
-        if run is not None:
+        for run in self._open_runs.pop(job.index, ()):
             run[4] = now
         self.burst.release(job.alloc)
         for (_, used), node_id in zip(job.alloc, job.burst_nodes):
@@ -564,7 +573,7 @@ class World:
         self._next_index += 1
         self._burst_index[node.id] = index
         self._burst_ids[index] = node.id
-        self.burst.add_node(index, node.gpus)
+        self.burst.add_node(index, node.gpus, node.offering_key)
         self.node_jobs.setdefault(node.id, set())
         self.store.set_usage(node.id, idle_since=at(now), gpus_busy=0, running_jobs=0)
         if self.on_node_idle is not None:
@@ -645,10 +654,11 @@ class World:
     def running_on_burst(self) -> tuple[BurstRun, ...]:
         """The jobs running on burst nodes now, as the planner's snapshot carries them."""
         out = []
-        for index, run in self._open_runs.items():
+        for index, runs in self._open_runs.items():
             job = self.jobs[index]
-            out.append(BurstRun(job.trace.job_id, run[0], run[1], job.gpus, at(run[3]),
-                                job.run_s))
+            for run in runs:  # one per node the job runs on (its GPUs there)
+                out.append(BurstRun(job.trace.job_id, run[0], run[1], run[2], at(run[3]),
+                                    job.run_s))
         return tuple(out)
 
     def quiescent(self) -> bool:
