@@ -39,6 +39,29 @@ def burst_json(*args: str, env: dict | None = None):
     return json.loads(run_burst(*args, "--json", env=env, check=True).stdout)
 
 
+def run_burst_here(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    """`burst ARGS` in this process (typer's CliRunner), for stateless commands such as `plan`
+    whose test is about the output, not the process: it saves an interpreter start and the CLI's
+    imports (about 1-3 s a call on the 2-core machine). The tests that are about the process
+    (exit on signals, start-up imports, settings from the environment) keep `run_burst`."""
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    result = CliRunner().invoke(app, list(args), prog_name="burst")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback the real CLI would have printed: fail the test on it
+    done = subprocess.CompletedProcess(["burst", *args], result.exit_code, result.stdout,
+                                       result.stderr)
+    if check and done.returncode != 0:
+        raise AssertionError(f"burst {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def burst_json_here(*args: str):
+    return json.loads(run_burst_here(*args, "--json", check=True).stdout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,5 +89,5 @@ def kill_all(marker: str) -> None:
             pass
 
 
-__all__ = ["BURST", "FAST_POLICY", "READY_S", "burst_cmd", "burst_json", "free_port", "kill_all",
-           "node_processes", "run_burst", "wait_for"]
+__all__ = ["BURST", "FAST_POLICY", "READY_S", "burst_cmd", "burst_json", "burst_json_here",
+           "free_port", "kill_all", "node_processes", "run_burst", "run_burst_here", "wait_for"]

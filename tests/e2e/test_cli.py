@@ -1,5 +1,6 @@
 """The CLI as a user runs it: plan, snapshot schema, submit/status, run --once, decisions/explain,
-db upgrade (SQLite and PostgreSQL), and settings from the environment and a settings file."""
+db upgrade (SQLite and PostgreSQL), and settings from the environment and a settings file.
+The stateless `plan` tests run the CLI in-process (run_burst_here); the rest start `burst`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.helpers import FAST_POLICY, burst_json, free_port, kill_all, run_burst
+from tests.e2e.helpers import (FAST_POLICY, burst_json, burst_json_here, free_port, kill_all, run_burst,
+                               run_burst_here)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIKE = ROOT / "policies" / "snapshots" / "spike.json"
@@ -25,7 +27,7 @@ def env(tmp_path: Path):
 
 
 def test_plan_json_launches_for_the_example_spike():
-    plan = burst_json("plan", "--snapshot", str(SPIKE))
+    plan = burst_json_here("plan", "--snapshot", str(SPIKE))
     launches = [a for a in plan["actions"] if a["type"] == "launch"]
     assert launches, plan
     [decision] = plan["decisions"]
@@ -40,17 +42,17 @@ def test_plan_json_launches_for_the_example_spike():
     assert (wait["due_jobs"], wait["waiting_jobs"]) == (1, 2)
     assert wait["earliest_burst_deadline"] == "2026-11-30T03:04:00+00:00"
     # Planning is pure: the same snapshot gives the same plan, ids included.
-    assert burst_json("plan", "--snapshot", str(SPIKE)) == plan
+    assert burst_json_here("plan", "--snapshot", str(SPIKE)) == plan
 
 
 def test_plan_human_output_explains_the_choice():
-    result = run_burst("plan", "--snapshot", str(SPIKE), check=True)
+    result = run_burst_here("plan", "--snapshot", str(SPIKE), check=True)
     assert "scale-up" in result.stdout and "offerings considered" in result.stdout
     assert "chosen" in result.stdout
 
 
 def test_snapshot_schema_is_json_schema_of_the_format():
-    schema = json.loads(run_burst("plan", "--snapshot-schema", check=True).stdout)
+    schema = json.loads(run_burst_here("plan", "--snapshot-schema", check=True).stdout)
     assert schema["$id"] == "burst-snapshot-v1"
     assert {"Job", "Node", "PoolQueue", "Offering"} <= set(schema["$defs"])
 
@@ -59,7 +61,7 @@ def test_bad_snapshot_names_file_and_path(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"taken_at": "2026-11-30T03:00:00Z", "queues": {"gpu": {"pool": "gpu"}},
                                "bogus": 1}))
-    result = run_burst("plan", "--snapshot", str(bad))
+    result = run_burst_here("plan", "--snapshot", str(bad))
     assert result.returncode == 2
     assert f"{bad}: queues.gpu.onprem" in result.stderr
     assert f"{bad}: bogus" in result.stderr
@@ -68,12 +70,12 @@ def test_bad_snapshot_names_file_and_path(tmp_path):
     spike["queues"]["gpu"]["pending"][1]["gpus"] = 0
     zero = tmp_path / "zero.json"
     zero.write_text(json.dumps(spike))
-    result = run_burst("plan", "--snapshot", str(zero))
+    result = run_burst_here("plan", "--snapshot", str(zero))
     assert result.returncode == 2
     assert f"{zero}: queues.gpu.pending.1.gpus: must be at least 1, got 0" in result.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{\n  \"taken_at\": \n")
-    result = run_burst("plan", "--snapshot", str(broken))
+    result = run_burst_here("plan", "--snapshot", str(broken))
     assert result.returncode == 2 and f"{broken}:3:1: invalid JSON" in result.stderr
 
 
@@ -81,7 +83,7 @@ def test_plan_with_a_bad_policy_lists_problems(tmp_path):
     policy = tmp_path / "p.yaml"
     policy.write_text("version: 1\nname: x\npool: {name: gpu, onprem: {nodes: 1, gpus_per_node: 4}}\n"
                       "offerings: [{provider: nowhere}]\nlimits: {max_nodes: -1}\n")
-    result = run_burst("plan", "--policy", str(policy), "--snapshot", str(SPIKE))
+    result = run_burst_here("plan", "--policy", str(policy), "--snapshot", str(SPIKE))
     assert result.returncode == 2
     # (An empty offerings list is checked with accelerators, after the fields: not listed here.)
     assert f"{policy}:4:" in result.stderr and "offerings[0].provider" in result.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.helpers import FAST_POLICY, burst_json, free_port, kill_all, run_burst
+from tests.e2e.helpers import (FAST_POLICY, burst_json, burst_json_here, free_port, kill_all,
+                               run_burst, run_burst_here)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIKE = ROOT / "policies" / "snapshots" / "spike.json"
@@ -40,7 +41,7 @@ def test_plan_shows_staging_and_egress_next_to_compute(tmp_path):
     queue["pending"][0]["dataset_gb"] = 2000
     snapshot = tmp_path / "s.json"
     snapshot.write_text(json.dumps(spike))
-    plan = burst_json("plan", "--policy", str(policy), "--snapshot", str(snapshot))
+    plan = burst_json_here("plan", "--policy", str(policy), "--snapshot", str(snapshot))
     [decision] = plan["decisions"]
     staging = decision["inputs"]["staging"]
     assert staging["jobs"]["train-llm-1"]["burst"] is False
@@ -52,8 +53,8 @@ def test_plan_shows_staging_and_egress_next_to_compute(tmp_path):
                          for row in burst.values())
     launched = {job for a in plan["actions"] if a["type"] == "launch" for job in a["jobs"]}
     assert launched == set(burst)
-    text = run_burst("plan", "--policy", str(policy), "--snapshot", str(snapshot),
-                     check=True).stdout
+    text = run_burst_here("plan", "--policy", str(policy), "--snapshot", str(snapshot),
+                          check=True).stdout
     assert "data staging per job" in text and "egress $" in text and "compute $" in text
     assert "no: staging > on-prem wait" in text
 
