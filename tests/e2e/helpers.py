@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -39,16 +40,25 @@ def burst_json(*args: str, env: dict | None = None):
     return json.loads(run_burst(*args, "--json", env=env, check=True).stdout)
 
 
-def run_burst_here(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+def run_burst_here(*args: str, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     """`burst ARGS` in this process (typer's CliRunner), for stateless commands such as `plan`
     whose test is about the output, not the process: it saves an interpreter start and the CLI's
     imports (about 1-3 s a call on the 2-core machine). The tests that are about the process
-    (exit on signals, start-up imports, settings from the environment) keep `run_burst`."""
+    (exit on signals, start-up imports, settings errors, node processes) keep `run_burst`. ``env``
+    is set in os.environ for the call only (the settings are read per command, not cached)."""
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
 
-    result = CliRunner().invoke(app, list(args), prog_name="burst")
+    # A command may set up the root logger on the runner's stderr (orchestrator.logs): restore it
+    # after, so later tests in this process do not log to a closed stream.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        result = CliRunner().invoke(app, list(args), prog_name="burst", env=env)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a traceback the real CLI would have printed: fail the test on it
     done = subprocess.CompletedProcess(["burst", *args], result.exit_code, result.stdout,
@@ -58,8 +68,8 @@ def run_burst_here(*args: str, check: bool = False) -> subprocess.CompletedProce
     return done
 
 
-def burst_json_here(*args: str):
-    return json.loads(run_burst_here(*args, "--json", check=True).stdout)
+def burst_json_here(*args: str, env: dict | None = None):
+    return json.loads(run_burst_here(*args, "--json", env=env, check=True).stdout)
 
 
 def free_port() -> int:
