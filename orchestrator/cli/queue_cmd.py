@@ -21,7 +21,6 @@ from orchestrator.cli.common import (
     out,
     print_json,
 )
-from orchestrator.policy.timefmt import parse_aware
 
 _PolicyOpt = Annotated[list[Path] | None, typer.Option("--policy", "-p", help=POLICY_HELP)]
 _StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State directory (BURST_STATE_DIR).")]
@@ -124,6 +123,8 @@ def _utilisation_cell(node: dict, now: datetime) -> str:
     if percent is None:
         return "unknown"
     if node["low_utilisation"]:
+        from orchestrator.policy.timefmt import parse_aware  # (not at import: `burst --help` stays light)
+
         since = parse_aware(node["low_utilisation_since"], "low_utilisation_since")
         return f"{percent:.0f}% idle {age((now - since).total_seconds())}"
     return f"{percent:.0f}%"
@@ -272,6 +273,8 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                       _utilisation_cell(d, now), f"{n.price_usd_hour:.2f}", n.project or "-")
     out.print(table)
     if low_jobs:
+        from orchestrator.policy.timefmt import parse_aware
+
         idle = Table(title=f"jobs with idle GPUs ({len(low_jobs)}): allocated, measured under "
                            "utilisation.idle_below_percent")
         for col in ("job", "project", "node", "GPUs", "GPU util", "low for"):
