@@ -123,7 +123,8 @@ def _utilisation_cell(node: dict, now: datetime) -> str:
     if percent is None:
         return "unknown"
     if node["low_utilisation"]:
-        from orchestrator.policy.timefmt import parse_aware  # (not at import: `burst --help` stays light)
+        # (imported here, not at the top: `burst --help` loads no policy module)
+        from orchestrator.policy.timefmt import parse_aware
 
         since = parse_aware(node["low_utilisation_since"], "low_utilisation_since")
         return f"{percent:.0f}% idle {age((now - since).total_seconds())}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from orchestrator.planner.placement import nodes_for
 from orchestrator.sim.pool import Allocation, GpuPool
 
 
@@ -90,11 +91,8 @@ class BurstPool(GpuPool):
         for key, pool in self._offers.items():
             if gpus <= pool.max_size or not pool.fits(gpus):
                 continue  # (a width one node of it holds was tried above, on one node)
-            nodes = -(-gpus // pool.max_size)
+            nodes = nodes_for(gpus, pool.max_size)
             rank = (nodes * pool.max_size, nodes, key)
             if best is None or rank < best[0]:
                 best = (rank, pool)
         return best[1].find(gpus) if best is not None else None
-
-    def offering_of(self, index: int) -> str:
-        return self._offer_of[index]
