@@ -8,7 +8,9 @@ Setting: as bench/bench_simulate.py (ITP, on-prem = the 70th percentile in whole
 EASY backfill, SLO 30 min, tick 1 min), with the simulator's spot markets from the shared data
 (``SimOptions.spot_data``: Spot Advisor buckets, SkyPilot availability traces; seeded;
 orchestrator/sim/spotdata.py). Offerings: the bundled catalogue's 4-GPU 24 GB-class nodes (AWS
-g5.12xlarge, GCP g2-standard-48) in five US regions at real prices. Runs:
+g5.12xlarge, GCP g2-standard-48) in five US regions at real prices. Every run's queue is
+``source: slurm`` (fabric slurm), as in the one-price ITP policies: a job wider than one burst node
+runs on whole nodes of one offering (multi-node burst), so wide jobs can burst too. Runs:
 
 * ``itp-spot``: ``spot.by_expected_cost`` over every offering, spot and on-demand, jobs
   checkpointing every 30 min (bench/policies/itp-spot.yaml), hazards learned from node events;
