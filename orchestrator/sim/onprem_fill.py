@@ -1,0 +1,159 @@
+"""How the simulated on-prem scheduler starts jobs: priority then FIFO with backfill.
+
+Jobs are taken in the planner's scheduling order (project priority, job priority, submit time;
+:func:`orchestrator.planner.demand.scheduling_order`). Multi-GPU jobs need GPUs of one node; jobs
+wider than a node need whole nodes (:mod:`orchestrator.sim.pool`). How a job that does not fit
+affects the jobs behind it is the :class:`Backfill` rule:
+
+* ``easy`` (the default; what Slurm's backfill scheduler does for its top job): the first job in
+  order that does not fit holds a *reservation*: the nodes that free up for it first (by the
+  running jobs' time limits, here their trace durations) and the time ``S`` they are all free. A
+  job behind it may start now only if it ends by ``S`` or uses none of the reserved nodes, so
+  small jobs cannot overtake a wide job indefinitely.
+* ``first-fit`` (the built-in queue's rule, :mod:`orchestrator.sources.builtin`): a job that does
+  not fit is skipped and never delays smaller ones (the world's first-fit scan,
+  :mod:`orchestrator.sim.burstfill`).
+* ``slurm``: Slurm's main scheduler at every event, and its backfill pass (the shared model,
+  :mod:`orchestrator.planner.backfill`) at most every ``bf_interval_s``.
+
+Doing the easy scan job by job would cost O(queue) per event. Whether a job can start depends
+only on its width (and, under a reservation, on whether it ends by ``S``), so the scan looks only
+at the first pending job of each width: the best such head that can start is started, and that
+repeats, in O(widths) per start. Under a reservation this is slightly stricter than a full scan:
+a job is not considered while an older job of its width waits.
+
+:class:`OnPremFill` is a part of :class:`orchestrator.sim.world.World` (a mixin): the state it
+reads (the pool, the per-width queues, the per-node runs) is the world's, set in its ``__init__``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from enum import StrEnum
+
+from orchestrator.planner.backfill import NodeSpace, PendingJob, backfill_pass
+from orchestrator.sim.simjob import SimJob, live_head
+
+
+class Backfill(StrEnum):
+    """How the on-prem scheduler lets jobs start past one that does not fit (module docstring)."""
+
+    EASY = "easy"
+    FIRST_FIT = "first-fit"
+    SLURM = "slurm"
+
+
+
+class OnPremFill:
+    """The on-prem fills of the world (module docstring)."""
+
+    def _fill_reserving(self, now: float, started: list[SimJob]) -> None:
+        """Fill on-prem under the ``easy`` rule (module docstring)."""
+        pool = self.onprem
+        queues = self._all
+        blocked = None  # the first job in order that does not fit: (its key, S, reserved nodes)
+        while pool.free_total:
+            heads = [head for head in map(live_head, queues.values()) if head is not None]
+            if not heads:
+                return
+            if blocked is None:
+                first = min(heads)
+                job = first[2]
+                alloc = pool.place(job.gpus)
+                if alloc is not None:
+                    heapq.heappop(queues[job.gpus])
+                    self._start(job, alloc, "onprem", now)
+                    started.append(job)
+                    continue
+                blocked = (first[0], *self._reservation(job, now))
+            key, until, reserved = blocked
+            best = None
+            for entry in heads:
+                job = entry[2]
+                if (entry[0] == key or job.gpus > pool.free_total
+                        or (best is not None and entry[0] >= best[0][0])):
+                    continue
+                ends_in_time = now + job.run_s <= until
+                alloc = pool.find(job.gpus, frozenset() if ends_in_time else reserved)
+                if alloc is not None:
+                    best = (entry, alloc)
+            if best is None:
+                return
+            entry, alloc = best
+            job = entry[2]
+            heapq.heappop(queues[job.gpus])
+            pool.take(alloc)
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+
+    def _fill_slurm(self, now: float, started: list[SimJob]) -> None:
+        """Fill on-prem as Slurm does: the main scheduler (priority order, stopping at the first
+        job that does not fit), then, at most every ``bf_interval_s`` and only when the pool or
+        the queue changed since the last one, a backfill pass of the shared model."""
+        pool = self.onprem
+        order = self._order
+        jobs = self.jobs
+        while order and pool.free_total:
+            job = jobs[order[0][1]]
+            if job.gpus > pool.total:
+                break  # never fits here (the backfill pass skips it)
+            alloc = pool.place(job.gpus)
+            if alloc is None:
+                break
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+        if (not order or not pool.free_total
+                or (self._pass_version == pool.version and self._pass_pending == len(order))
+                or not any(count and pool.fits(width) for width, count in self._widths.items())):
+            return  # (no pending job fits the free GPUs now: a pass could start nothing)
+        if now - self._last_pass < self.bf_interval_s:
+            self.backfill_due_at = self._last_pass + self.bf_interval_s
+            return
+        self._last_pass = now
+        self.bf_passes += 1
+        runs = self._node_runs
+        space = NodeSpace([pool.size[i] for i in range(len(runs))],
+                          [pool.free[i] for i in range(len(runs))],
+                          ((i, end, used) for i, on in runs.items() for end, used in on.values()),
+                          now)
+        depth = self.slurm.max_job_test
+        tested = (PendingJob(index, jobs[index].gpus, jobs[index].trace.duration_s)
+                  for _, index in order[:depth])
+        result = backfill_pass(space, tested, self.slurm)
+        for index, alloc in result.started:
+            job = jobs[index]
+            pool.take(alloc)
+            self._start(job, alloc, "onprem", now)
+            started.append(job)
+        self._pass_version = pool.version
+        self._pass_pending = len(order)
+
+    def _reservation(self, job: SimJob, now: float) -> tuple[float, frozenset[int]]:
+        """When and on which on-prem nodes ``job`` (which does not fit now) can start, from the
+        running jobs' expected ends: (S, nodes); (inf, no nodes) if it can never fit on-prem."""
+        pool = self.onprem
+        runs = self._node_runs
+        if job.gpus > pool.max_size:
+            frees = sorted((max((end for end, _ in runs[i].values()), default=now), i)
+                           for i in pool.size)
+            chosen: list[int] = []
+            covered = 0
+            for until, index in frees:
+                chosen.append(index)
+                covered += pool.size[index]
+                if covered >= job.gpus:
+                    return until, frozenset(chosen)
+            return math.inf, frozenset()
+        best = (math.inf, -1)
+        for index, on_node in runs.items():
+            free = pool.free[index]
+            if pool.size[index] < job.gpus:
+                continue
+            for end, used in sorted(on_node.values()):
+                free += used
+                if free >= job.gpus:
+                    if (end, index) < best:
+                        best = (end, index)
+                    break
+        return (best[0], frozenset((best[1],))) if best[1] >= 0 else (math.inf, frozenset())
