@@ -3,7 +3,7 @@ floor measured in the same run. Prints figures; not a test.
 
     python bench/bench_costs.py [--lines 300000] [--nodes 100] [--clients 1,8] [--seconds 5]
                                 [--repeat 20] [--writes 300] [--writes-only] [--pg [URL]]
-                                [--no-sqlite]
+                                [--no-sqlite] [--profile]
 
 Builds, through the real migrations, a store (SQLite in a temporary directory; with ``--pg`` a
 fresh PostgreSQL database on the server of URL, default the test server, dropped afterwards)
@@ -20,6 +20,11 @@ bench's site without its pending queue), with the scale bench's policy (11 budge
   keep-alive clients for ``--seconds`` per route: p50/p99 of ``/v1/costs`` over 30 and 90 days
   grouped by project and of ``/v1/budgets``, next to ``/healthz`` (what any answer costs through
   uvicorn and the middleware).
+
+``--profile``: instead of the API under load, one thread's profile of the routes in this process
+(the app over an ASGI transport, its sync endpoints run inline so ``cProfile`` sees them; the
+scale bench's fixed clock, so a month budget reads the loaded November): p50 of 30 requests
+each and the functions their time goes to (SQL, the roll-up reads, auth, serialisation).
 """
 
 from __future__ import annotations
@@ -141,6 +146,9 @@ def measure(store: Store, label: str, args: argparse.Namespace) -> None:
           f"({fast[0] / floor[0]:.1f}x the floor)")
     print(f"    91 days by project from the lines           {slow[0]:7.1f} / {slow[1]:7.1f} ms "
           f"({slow[0] / fast[0]:.0f}x the roll-ups)")
+    if args.profile:
+        profile_routes(store)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-costs-") as state:
         policy_file = Path(state) / "bench.yaml"
         policy_file.write_text(yaml.safe_dump(bench_scale.cli_policy_doc()))
@@ -151,6 +159,70 @@ def measure(store: Store, label: str, args: argparse.Namespace) -> None:
         for clients in args.clients:
             bench_scale.measure_api(env, url, argparse.Namespace(clients=clients,
                                                                  seconds=args.seconds))
+
+
+def profile_routes(store: Store) -> None:
+    """p50 of each route in this process, then where one thread's time goes (see --profile)."""
+    import asyncio
+    import cProfile
+    import io
+    import pstats
+    from datetime import UTC, datetime
+
+    import fastapi.dependencies.utils
+    import fastapi.routing
+    import httpx
+
+    from orchestrator.api import create_app
+    from orchestrator.policy import load_policy_text
+    from orchestrator.wiring import Settings, build_runtime
+
+    async def inline(func: Callable[..., object], *a: object, **k: object) -> object:
+        return func(*a, **k)  # the sync endpoint in this thread: cProfile sees it
+
+    fastapi.routing.run_in_threadpool = inline  # type: ignore[assignment]
+    fastapi.dependencies.utils.run_in_threadpool = inline  # type: ignore[assignment]
+    policy = load_policy_text(yaml.safe_dump(bench_scale.cli_policy_doc()))
+    with tempfile.TemporaryDirectory(prefix="bench-costs-") as state:
+        url = store.engine.url.render_as_string(hide_password=False)
+        runtime = build_runtime(Settings(database_url=url, state_dir=state), [policy],
+                                store=store, clock=bench_scale.FixedClock())
+        admin, _ = store.create_api_token("admin", [], created_at=datetime.now(UTC),
+                                          description="bench")
+        app = create_app(runtime)
+        end = bench_report.END
+        routes = [("floor: GET /healthz", "/healthz"),
+                  ("costs 91 days by project", f"/v1/costs?from={(end - timedelta(days=91)).date()}"
+                                               f"&to={end.date()}&group_by=project"),
+                  ("GET /v1/budgets", "/v1/budgets")]
+
+        async def run() -> None:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+                auth = {"Authorization": f"Bearer {admin}"}
+                for name, path in routes:
+                    answer = await client.get(path, headers=auth)
+                    assert answer.status_code == 200, answer.text
+                    samples = []
+                    for _ in range(30):
+                        began = time.perf_counter()
+                        await client.get(path, headers=auth)
+                        samples.append((time.perf_counter() - began) * 1000)
+                    print(f"  in process, one thread: {name:26} p50 "
+                          f"{statistics.median(samples):6.1f} ms")
+                    if path == "/healthz":
+                        continue
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                    for _ in range(10):
+                        await client.get(path, headers=auth)
+                    profiler.disable()
+                    text = io.StringIO()
+                    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(
+                        r"orchestrator|execute|fetch|jsonable|render")
+                    print("\n".join(line for line in text.getvalue().splitlines()[:60]
+                                    if line.strip()))
+        asyncio.run(run())
 
 
 def main() -> None:
@@ -165,6 +237,8 @@ def main() -> None:
     ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None,
                     help="also on PostgreSQL (a fresh database on this server, dropped after)")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile the routes in this process instead of the API under load")
     args = ap.parse_args()
     for store, label in bench_report.each_store(args, "bench-costs"):
         measure(store, label, args)
