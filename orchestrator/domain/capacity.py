@@ -19,7 +19,7 @@ full trace. The observer (production) and the simulator's controller build the s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.domain.snapshot import OfferingHealth
@@ -98,6 +98,7 @@ class CapacityLearner:
         self.prior_launches = prior_launches
         self.prior_source = prior_source
         self._stats: dict[str, _Stats] = {}
+        self.version = 0  # counts the events fed: a HealthView checks it was read before the next
 
     def _of(self, key: str) -> _Stats:
         stats = self._stats.get(key)
@@ -107,6 +108,7 @@ class CapacityLearner:
 
     def launch(self, key: str, now_h: float, refused: bool) -> None:
         """A launch attempt of ``key``: it went through, or failed for lack of capacity."""
+        self.version += 1
         stats = self._of(key)
         stats.launches.add(1.0, now_h, self.half_life_h)
         if refused:
@@ -114,6 +116,7 @@ class CapacityLearner:
 
     def ran(self, key: str, hours: float, now_h: float, interrupted: bool) -> None:
         """A node of ``key`` ran ``hours`` (launch to end) and ended, interrupted or not."""
+        self.version += 1
         stats = self._of(key)
         stats.hours.add(max(hours, 0.0), now_h, self.half_life_h)
         if interrupted:
@@ -134,10 +137,58 @@ class CapacityLearner:
         return OfferingHealth(key, _figures(hazard), _figures(odds), round(hours, 1),
                               round(launches, 1), prior=self.prior_source if prior else "")
 
+    def known(self, key: str) -> bool:
+        """Whether ``key`` has a prior or events (the others are left out of a snapshot)."""
+        return key in self._stats or bool(self.prior_of(key))
+
     def snapshot(self, keys, now_h: float) -> dict[str, OfferingHealth]:
         """Health of each of ``keys`` (those with no prior and no events are left out)."""
-        out = {}
-        for key in keys:
-            if key in self._stats or self.prior_of(key):
-                out[key] = self.health(key, now_h)
-        return out
+        return {key: self.health(key, now_h) for key in keys if self.known(key)}
+
+    def view(self, keys: Iterable[str], now_h: float) -> HealthView:
+        """:meth:`snapshot` as a mapping that works each offering out when it is first read."""
+        return HealthView(self, tuple(keys), now_h)
+
+
+class HealthView(Mapping[str, OfferingHealth]):
+    """A :class:`CapacityLearner`'s :meth:`~CapacityLearner.snapshot` at one moment, each
+    offering's health worked out when first read: the simulator takes a snapshot every tick,
+    and the planner reads the health only on a tick that launches (spot by expected cost), a
+    few in a hundred. The values are the snapshot's; reading one after the learner was fed
+    another event is an error (it would no longer be the health at ``now_h``)."""
+
+    __slots__ = ("_learner", "_keys", "_now_h", "_version", "_known", "_cache")
+
+    def __init__(self, learner: CapacityLearner, keys: tuple[str, ...], now_h: float):
+        self._learner = learner
+        self._keys = keys
+        self._now_h = now_h
+        self._version = learner.version
+        self._known: tuple[str, ...] | None = None
+        self._cache: dict[str, OfferingHealth] = {}
+
+    def _fresh(self) -> CapacityLearner:
+        if self._learner.version != self._version:
+            raise RuntimeError("HealthView read after its learner was fed a newer event")
+        return self._learner
+
+    def _keys_known(self) -> tuple[str, ...]:
+        if self._known is None:
+            learner = self._fresh()
+            self._known = tuple(k for k in self._keys if learner.known(k))
+        return self._known
+
+    def __getitem__(self, key: str) -> OfferingHealth:
+        health = self._cache.get(key)
+        if health is None:
+            learner = self._fresh()
+            if key not in self._keys or not learner.known(key):
+                raise KeyError(key)
+            health = self._cache[key] = learner.health(key, self._now_h)
+        return health
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys_known())
+
+    def __len__(self) -> int:
+        return len(self._keys_known())

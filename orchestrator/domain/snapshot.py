@@ -7,6 +7,7 @@ can be written by hand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -198,8 +199,9 @@ class Snapshot:
     # that cannot tell leaves it empty).
     burst_runs: tuple[BurstRun, ...] = ()
     # Per offering key: learned preemption hazard and stockout odds (observer-computed; an
-    # offering missing here is planned with no interruptions and no stockouts).
-    offering_health: dict[str, OfferingHealth] = field(default_factory=dict)
+    # offering missing here is planned with no interruptions and no stockouts). Any mapping: the
+    # simulator passes a lazy one (orchestrator.domain.capacity.HealthView).
+    offering_health: Mapping[str, OfferingHealth] = field(default_factory=dict)
     # Per offering key: the learned launch-to-ready time (observer-computed from node events; read
     # by the wait-aware rule when ``trigger.learn_boot`` is set).
     boot_estimates: dict[str, BootEstimate] = field(default_factory=dict)

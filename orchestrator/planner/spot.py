@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.domain.jobs import Job
@@ -126,7 +127,7 @@ class SpotChooser:
     """Ranks the candidates for each job by expected cost (memoized per job class for a tick)."""
 
     def __init__(self, policy: Policy, candidates: list[Candidate],
-                 health: dict[str, OfferingHealth]):
+                 health: Mapping[str, OfferingHealth]):
         self.policy = policy
         self.candidates = candidates
         self.health = health

@@ -116,7 +116,7 @@ class PolicyController(Controller):
             memory=store.load_memory(),
             budget_spend=self.meter.observe(moment),
             burst_runs=engine.world.running_on_burst(),
-            offering_health=(engine.learner.snapshot(self.keys, now / 3600.0)
+            offering_health=(engine.learner.view(self.keys, now / 3600.0)
                              if engine.learner is not None else {}),
             boot_estimates=(engine.boot_learner.snapshot(engine.boot_learner.keys(), now / 3600.0)
                             if engine.boot_learner is not None else {}),
