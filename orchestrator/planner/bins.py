@@ -1,0 +1,198 @@
+"""Bins of free GPUs for absorption: best fit in O(node size) per job.
+
+:class:`Bins` holds the free GPUs of on-prem or burst nodes indexed by free room;
+:class:`OwnedBins` is the same best fit for absorption under quotas alone, choosing among the
+bins of some node classes (whose node it is) without asking bin by bin, and keeping the free
+GPUs of each class (what tells absorption that only a project's own nodes are left to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Bins:
+    """Free GPUs per node, indexed by how many GPUs are free, so placing a job is O(node size).
+
+    A job goes to the bin with the *least* free room that fits it (best fit), which keeps whole
+    nodes free for wide jobs. ``total`` lets a full set of bins stop the work early.
+    """
+
+    __slots__ = ("_by_free", "free", "node_size", "owners", "total")
+
+    def __init__(self, free: list[int], owners: list[str | None] | None = None, node_size: int = 0):
+        self.free = list(free)
+        self.owners = list(owners) if owners else [None] * len(self.free)
+        self.node_size = node_size or max(self.free, default=0)
+        self.total = sum(self.free)
+        top = max(self.free, default=0)
+        self._by_free: list[list[int]] = [[] for _ in range(top + 1)]
+        for index in range(len(self.free) - 1, -1, -1):  # pop() then yields the lowest index first
+            self._by_free[self.free[index]].append(index)
+
+    def add(self, gpus: int, owner: str | None = None) -> None:
+        """Open one more bin (a node about to be launched) with ``gpus`` free."""
+        while len(self._by_free) <= gpus:
+            self._by_free.append([])
+        self.free.append(gpus)
+        self.owners.append(owner)
+        self.node_size = max(self.node_size, gpus)
+        self._by_free[gpus].append(len(self.free) - 1)
+        self.total += gpus
+
+    def place(self, gpus: int) -> list[int] | None:
+        """Place a job; return the indexes of the bins used, or None if it does not fit."""
+        if 0 < gpus <= self.node_size:
+            # :meth:`peek`'s choice and :meth:`_move` written out: absorption places up to tens
+            # of thousands of one-node jobs a tick, and the calls were half the cost.
+            if gpus > self.total:
+                return None
+            by_free = self._by_free
+            for room in range(gpus, len(by_free)):
+                bucket = by_free[room]
+                if bucket:
+                    index = bucket.pop()  # the last bin of the least room that fits
+                    self.total -= gpus
+                    self.free[index] = room - gpus
+                    by_free[room - gpus].append(index)
+                    return [index]
+            return None
+        used = self.peek(gpus)
+        if not used:
+            return used
+        by_free = self._by_free
+        # Multi-node job: whole free nodes, each emptied.
+        for index in used:
+            by_free[self.free[index]].remove(index)
+            self._move(index, 0)
+        return used
+
+    def place_if(self, gpus: int, ok: Callable[[int], bool]) -> list[int] | None:
+        """Place a one-node job (``gpus`` <= ``node_size``) on the bin :meth:`place` would pick
+        among those ``ok`` accepts (asked in that order; the first yes is used)."""
+        if not 0 < gpus <= self.node_size or gpus > self.total:
+            return None
+        by_free = self._by_free
+        for room in range(gpus, len(by_free)):
+            bucket = by_free[room]
+            for position in range(len(bucket) - 1, -1, -1):
+                index = bucket[position]
+                if ok(index):
+                    del bucket[position]
+                    self.total -= gpus
+                    self.free[index] = room - gpus
+                    by_free[room - gpus].append(index)
+                    return [index]
+        return None
+
+    def peek(self, gpus: int) -> list[int] | None:
+        """The bins :meth:`place` uses for a job of ``gpus``, without placing it: the bin with the least room
+        that fits a one-node job, or ``ceil(gpus / node_size)`` whole free nodes, lowest first."""
+        if gpus <= 0:
+            return []
+        if gpus > self.total:
+            return None
+        by_free = self._by_free
+        if gpus <= self.node_size:
+            for room in range(gpus, len(by_free)):
+                if by_free[room]:
+                    return [by_free[room][-1]]
+            return None
+        needed = -(-gpus // self.node_size)
+        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
+        if len(whole) < needed:
+            return None
+        return sorted(whole)[:needed]
+
+    def copy(self) -> Bins:
+        """An independent copy (to try a packing and keep it or not)."""
+        other = Bins.__new__(Bins)
+        other.free = list(self.free)
+        other.owners = list(self.owners)
+        other.node_size = self.node_size
+        other.total = self.total
+        other._by_free = [list(b) for b in self._by_free]
+        return other
+
+    def whole(self) -> int:
+        """How many bins are whole free nodes (what a multi-node job can use)."""
+        if not self.node_size:
+            return 0
+        return sum(len(b) for b in self._by_free[self.node_size:])
+
+    def _move(self, index: int, room: int) -> None:
+        self.total -= self.free[index] - room
+        self.free[index] = room
+        self._by_free[room].append(index)
+
+
+class OwnedBins:
+    """Burst bins of one absorption under quotas alone: :class:`Bins`' best fit, or the best fit
+    among the bins of some classes (whose node it is, :meth:`NodeAdmitter.node_class`), each
+    found without asking bin by bin.
+
+    Each bucket of free room is kept whole and per class, in the order bins entered it (a
+    stamp each), so the bin :meth:`Bins.place_if` would find scanning a bucket from its end is
+    the latest-stamped last bin of an allowed class. Absorption only fills bins, so a bin leaves
+    a room for good: an entry is live while its bin's free room is that room (dead ones are
+    dropped when they reach the end). ``class_free``: the free GPUs of each class's bins.
+    """
+
+    __slots__ = ("_buckets", "_by_class", "_classes", "_seq", "_stamp", "class_free", "free",
+                 "node_size", "total")
+
+    def __init__(self, bins: Bins, classes: list[object]):
+        self.free = list(bins.free)
+        self.total = bins.total
+        self.node_size = bins.node_size
+        self._classes = classes
+        self._buckets = [list(bucket) for bucket in bins._by_free]
+        self._by_class: list[dict[object, list[int]]] = [{} for _ in self._buckets]
+        self._stamp = [0] * len(self.free)
+        seq = 0
+        for room, bucket in enumerate(self._buckets):
+            by_class = self._by_class[room]
+            for index in bucket:
+                seq += 1
+                self._stamp[index] = seq
+                by_class.setdefault(classes[index], []).append(index)
+        self._seq = seq
+        self.class_free: dict[object, int] = {}
+        for index, room in enumerate(self.free):
+            self.class_free[classes[index]] = self.class_free.get(classes[index], 0) + room
+
+    def _last(self, entries: list[int], room: int) -> int | None:
+        free = self.free
+        while entries and free[entries[-1]] != room:
+            entries.pop()
+        return entries[-1] if entries else None
+
+    def place(self, gpus: int, allowed: tuple[object, ...] | None = None) -> int | None:
+        """Place a one-node job on the bin :meth:`Bins.place` would pick (``allowed`` None), or
+        :meth:`Bins.place_if` with ``ok(i)`` being ``classes[i] in allowed``; its index, or
+        None."""
+        if not 0 < gpus <= self.node_size or gpus > self.total:
+            return None
+        stamp = self._stamp
+        for room in range(gpus, len(self._buckets)):
+            if allowed is None:
+                index = self._last(self._buckets[room], room)
+            else:
+                index = None
+                by_class = self._by_class[room]
+                for klass in allowed:
+                    entries = by_class.get(klass)
+                    found = self._last(entries, room) if entries else None
+                    if found is not None and (index is None or stamp[found] > stamp[index]):
+                        index = found
+            if index is not None:
+                left = room - gpus
+                self.free[index] = left
+                self.total -= gpus
+                self.class_free[self._classes[index]] -= gpus
+                self._seq += 1
+                stamp[index] = self._seq
+                self._buckets[left].append(index)
+                self._by_class[left].setdefault(self._classes[index], []).append(index)
+                return index
+        return None
