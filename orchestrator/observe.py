@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import fields
 from datetime import datetime
+from operator import attrgetter
 
 from orchestrator.costs.spend import budget_spend
 
-from orchestrator.domain.nodes import NodeState
+from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
 from orchestrator.domain.boot import BootLearner
@@ -37,6 +38,21 @@ from orchestrator.store.queueread import QueueRead
 
 log = logging.getLogger(__name__)
 HEALTH_EVENTS = 20_000  # the latest node events the learned capacity reads (days of a busy pool)
+
+# A node's copy with its usage, built positionally: ``dataclasses.replace`` costs three times a
+# plain construction (about 15 against 4 µs), 0.1 s of a tick at 10,000 nodes.
+_NODE_NAMES = tuple(f.name for f in fields(Node))
+_node_values = attrgetter(*_NODE_NAMES)
+_BUSY_AT, _JOBS_AT, _IDLE_AT = (_NODE_NAMES.index(name)
+                                for name in ("gpus_busy", "running_jobs", "idle_since"))
+
+
+def _with_usage(node: Node, gpus_busy: int, running_jobs: int,
+                idle_since: datetime | None) -> Node:
+    """``node`` with what its queue says it runs (``dataclasses.replace`` of those three)."""
+    values = list(_node_values(node))
+    values[_BUSY_AT], values[_JOBS_AT], values[_IDLE_AT] = gpus_busy, running_jobs, idle_since
+    return Node(*values)
 
 
 class Observer:
@@ -107,7 +123,7 @@ class Observer:
                     idle_since = max(t for t in (node.idle_since, u.last_busy_at, node.state_since) if t)
                     if node.state is NodeState.DRAINING:
                         idle_since = node.idle_since or u.last_busy_at or node.state_since
-                node = replace(node, gpus_busy=u.gpus_busy, running_jobs=u.running_jobs, idle_since=idle_since)
+                node = _with_usage(node, u.gpus_busy, u.running_jobs, idle_since)
             observed.append(node)
         return Snapshot(
             taken_at=now,

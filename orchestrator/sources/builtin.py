@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -35,7 +36,7 @@ from orchestrator.planner.demand import Bins, ordered, scheduling_order
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
 from orchestrator.store.jobruns import RunOutcome, builtin_run_key
-from orchestrator.store.queueread import QueueRead
+from orchestrator.store.queueread import QueueRead, RunningJob
 
 ONPREM_PREFIX = "onprem"
 
@@ -140,7 +141,8 @@ class BuiltinQueue:
             usage[node_id] = NodeUsage(gpus, jobs, last.get(node_id))
         return usage
 
-    def _onprem_free(self, policy: Policy, running: list[JobRecord]) -> list[int]:
+    def _onprem_free(self, policy: Policy, running: Sequence[RunningJob | JobRecord]
+                     ) -> list[int]:
         onprem = policy.pool.onprem
         free = [onprem.gpus_per_node] * onprem.nodes
         index = {onprem_node_name(policy.pool.name, i): i for i in range(onprem.nodes)}
@@ -164,9 +166,13 @@ class BuiltinQueue:
         with self._lock:
             read = self.read(now)
             ended: set[str] = set()
-            for job in read.running:
-                if (job.placement is Placement.ONPREM and job.started_at is not None
-                        and now >= job.started_at + timedelta(seconds=job.duration_s or 0)
+            due = [job.id for job in read.running
+                   if job.placement is Placement.ONPREM and job.started_at is not None
+                   and now >= job.started_at + timedelta(seconds=job.duration_s or 0)]
+            # The read's running jobs are light rows: those whose time is up are read again as
+            # full records, which finishing them compare-and-sets (a few a tick).
+            for job in sorted(self.store.jobs_by_id(due), key=_job_id) if due else ():
+                if (job.state is JobState.RUNNING
                         and self.store.finish_job(job, state=JobState.DONE, exit_code=0, at=now)):
                     ended.add(job.id)
             running = [j for j in read.running if j.id not in ended]
@@ -339,7 +345,12 @@ class BuiltinQueue:
         return count
 
 
-def _releases(pool: str, running: list[JobRecord]) -> tuple[OnPremRelease, ...]:
+def _job_id(job: JobRecord) -> str:
+    return job.id
+
+
+def _releases(pool: str, running: Sequence[RunningJob | JobRecord]
+              ) -> tuple[OnPremRelease, ...]:
     """The pool's running on-prem jobs with a known expected end (start + time limit)."""
     return tuple(
         OnPremRelease(j.gpus, j.started_at + timedelta(seconds=j.duration_s))

@@ -8,9 +8,12 @@ shares that read between dispatch and observe (:mod:`orchestrator.sources.builti
 Pending jobs are read as plain tuples of the columns the planner and the dispatcher use
 (:data:`PENDING_COLUMNS`), never as records, and turned straight into the planner's columns
 (:func:`pending_by_pool`: one transpose, one parse of the submit times; no object per row): at
-100k pending jobs a record, or a ``Job``, per row costs more than reading the row. Running jobs are few (bounded by the GPUs there are) and are read as full
-records, since the dispatcher ends them by compare-and-set. :meth:`QueueReads.start_onprem` starts
-a pending job from its id and read version with a compare-and-set that writes only the columns a start changes.
+100k pending jobs a record, or a ``Job``, per row costs more than reading the row. Running jobs
+(bounded by the GPUs there are, but 11,000 of them at 10,000 burst nodes) are read the same way,
+as light rows (:class:`RunningJob`) of the columns on-prem capacity, node usage and burst runs
+read; the few that dispatch ends on-prem are re-read as full records for their compare-and-set.
+:meth:`QueueReads.start_onprem` starts a pending job from its id and read version with a
+compare-and-set that writes only the columns a start changes.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ from orchestrator.domain.pending import PendingColumns
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobqueue import job_from_row
+from orchestrator.store.rawread import driver_rows, utc
 from orchestrator.store.records import JobRecord
 
 # The columns of a pending job a tick uses, in the order the query selects them.
 PENDING_COLUMNS = ("id", "project", "pool", "gpus", "priority", "duration_s", "submitted_at",
                    "attempts", "version", "user")
+# The columns of a running job a tick uses (RunningJob's fields, in order).
+RUNNING_COLUMNS = ("id", "project", "pool", "gpus", "duration_s", "placement", "node_id",
+                   "started_at")
 _IN_CHUNK = 500  # ids per IN (...) list: well under every driver's bound on parameters
 _ENDED = (JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value)
 
@@ -52,15 +59,45 @@ class PoolPending:
         return PoolPending(self.columns.select(rows), self.version[rows], self.attempts[rows])
 
 
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A running job as a tick reads it: where it runs, how wide, since when and for how long
+    (a ``JobRecord`` has these same fields; the rest of it a tick does not read)."""
+
+    id: str
+    project: str
+    pool: str
+    gpus: int
+    duration_s: float | None
+    placement: Placement | None
+    node_id: str | None
+    started_at: datetime | None
+
+    @classmethod
+    def of(cls, record: JobRecord) -> RunningJob:
+        return cls(record.id, record.project, record.pool, record.gpus, record.duration_s,
+                   record.placement, record.node_id, record.started_at)
+
+
+_PLACEMENTS: dict[str | None, Placement | None] = {p.value: p for p in Placement}
+_PLACEMENTS[None] = None
+
+
+def _running_job(row: Sequence[Any]) -> RunningJob:
+    job_id, project, pool, gpus, duration, placement, node_id, started = row
+    return RunningJob(job_id, project, pool, gpus, duration, _PLACEMENTS[placement], node_id,
+                      utc(started))
+
+
 @dataclass(slots=True)
 class QueueRead:
-    """The queue at ``at``: pending jobs per pool in service order, as columns; running records
-    by id; and what a tick changed of it since (``started``: records of jobs it started
-    on-prem)."""
+    """The queue at ``at``: pending jobs per pool in service order, as columns; running jobs
+    (light rows) by id; and what a tick changed of it since (``started``: full records of jobs it
+    started on-prem)."""
 
     at: datetime
     pending: dict[str, PoolPending]
-    running: list[JobRecord]
+    running: list[RunningJob]
     started: list[JobRecord] = field(default_factory=list)
 
     def pending_jobs(self) -> dict[str, PendingColumns]:
@@ -79,7 +116,8 @@ class QueueRead:
         if ended:
             self.running = [j for j in self.running if j.id not in ended]
         if started:
-            self.running = sorted([*self.running, *started], key=_record_id)  # as read: by id
+            self.running = sorted([*self.running, *map(RunningJob.of, started)],
+                                  key=_record_id)  # as read: by id
         self.started.extend(started)
 
 
@@ -128,27 +166,21 @@ class QueueReads(StoreBase):
 
     def queue_read(self, at: datetime) -> QueueRead:
         """Pending jobs (service order: priority highest first, then submission, then id) and
-        running jobs, in one transaction."""
+        running jobs (light rows, by id), in one transaction."""
         require_aware(at, "at")
         c = T.jobs.c
         pending_q = (sa.select(*(c[name] for name in PENDING_COLUMNS))
                      .where(c.state == JobState.PENDING.value)
                      .order_by(c.priority.desc(), c.submitted_at, c.id))
-        running_q = sa.select(T.jobs).where(c.state == JobState.RUNNING.value).order_by(c.id)
+        running_q = (sa.select(*(c[name] for name in RUNNING_COLUMNS))
+                     .where(c.state == JobState.RUNNING.value).order_by(c.id))
         with self._read() as conn:
             # Straight through the driver: the statement's typed result processing costs more
-            # per row than reading the row (the one typed column, the submit time, is parsed
-            # as a whole column: SQLite gives naive UTC text, PostgreSQL an aware datetime).
-            sql = str(pending_q.compile(dialect=conn.dialect,
-                                        compile_kwargs={"literal_binds": True}))
-            cursor = conn.connection.cursor()  # the DBAPI cursor, in this transaction
-            try:
-                cursor.execute(sql)
-                raw = cursor.fetchall()
-            finally:
-                cursor.close()
-            pending = pending_by_pool(raw, conn.dialect.name)
-            running = [job_from_row(r) for r in conn.execute(running_q)]
+            # per row than reading the row (the one typed pending column, the submit time, is
+            # parsed as a whole column: SQLite gives naive UTC text, PostgreSQL an aware
+            # datetime).
+            pending = pending_by_pool(driver_rows(conn, pending_q), conn.dialect.name)
+            running = [_running_job(r) for r in driver_rows(conn, running_q)]
         return QueueRead(at, pending, running)
 
     def start_onprem(self, job_id: str, version: int, attempts: int, node_id: str,
@@ -204,7 +236,7 @@ class QueueReads(StoreBase):
         return last
 
 
-def _record_id(record: JobRecord) -> str:
+def _record_id(record: RunningJob) -> str:
     return record.id
 
 
@@ -215,6 +247,4 @@ def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
 
 def _aware(value: datetime | str) -> datetime:
     """max() over a UtcDateTime column comes back untyped on SQLite (text): parse it as UTC."""
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return T.UtcDateTime().process_result_value(value, None)  # type: ignore[arg-type,return-value]
+    return utc(value)  # type: ignore[return-value]  # never None here

@@ -9,6 +9,7 @@ from datetime import timedelta
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store
+from orchestrator.store.queueread import RunningJob
 from tests.builders import POOL, T0, make_policy
 from tests.integration.test_job_runs import ready
 
@@ -96,3 +97,25 @@ def test_a_node_running_nothing_knows_when_it_last_finished(store: Store) -> Non
     usage = queue.node_usage(["a", "b"])
     assert usage["a"].last_busy_at == T0 + 4 * M and usage["a"].running_jobs == 0
     assert usage["b"].last_busy_at is None
+
+
+def test_the_driver_reads_agree_with_the_typed_records(store: Store) -> None:
+    """Nodes and running jobs read straight through the driver (``rawread``) are what the typed
+    reads give: aware UTC times, enums, booleans, every field."""
+    queue = _fill(store)
+    ready(store, "a", T0, project="nlp")
+    ready(store, "b", T0)
+    node = store.get_node("b")
+    assert node is not None
+    store.update_node(node, released=True, idle_since=T0 + M, gpu_utilisation_percent=12.5,
+                      low_utilisation_since=T0 + 2 * M, drain_deadline=T0 + 3 * M)
+    job = store.submit_job("nlp", POOL, 2, 0, None, None, T0)
+    assert queue.claim_for_node(store.get_node("a"), 8, T0 + 2 * M).id == job.id
+    nodes = store.nodes()
+    assert nodes == [store.get_node(n.id) for n in nodes] and len(nodes) == 2
+    assert nodes[1].released is True and nodes[1].idle_since.utcoffset() == timedelta(0)
+    read = store.queue_read(T0 + 2 * M)
+    records = sorted(store.jobs(states=[JobState.RUNNING]), key=lambda r: r.id)
+    assert read.running == [RunningJob.of(r) for r in records]
+    assert {j.placement for j in read.running} == {Placement.ONPREM, Placement.BURST}
+    assert all(j.started_at.utcoffset() == timedelta(0) for j in read.running)

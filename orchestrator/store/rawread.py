@@ -1,0 +1,45 @@
+"""Reads straight through the database driver, for the few reads a tick makes of many rows.
+
+SQLAlchemy's typed result processing (a ``UtcDateTime`` per time, an enum per state, a mapping
+per row) costs more per row than reading the row: at 10,000 nodes and 11,000 running jobs it was
+about a second of a tick's CPU. :func:`driver_rows` runs a Core statement on the transaction's
+own DBAPI cursor and hands back the driver's plain tuples; :func:`utc` turns the driver's times
+into the aware UTC datetimes the rest of burst uses (what ``tables.UtcDateTime`` does per value).
+Only statements whose bound values are plain strings and numbers go this way: they are rendered
+as literals by the dialect's own quoting (``literal_binds``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def driver_rows(conn: sa.Connection, query: sa.Select[Any]) -> list[tuple[Any, ...]]:
+    """Every row of ``query`` as the driver returns it (SQLite: times as naive UTC text;
+    PostgreSQL: aware datetimes), inside ``conn``'s transaction."""
+    sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    cursor = conn.connection.cursor()  # the DBAPI cursor, in this transaction
+    try:
+        cursor.execute(sql)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+def utc(value: datetime | str | None) -> datetime | None:
+    """A driver's time as an aware UTC datetime: SQLite's naive UTC text (``YYYY-MM-DD
+    HH:MM:SS.ffffff``, what ``UtcDateTime`` stores), or PostgreSQL's aware datetime."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        # Parsing the offset with the text is about eight times cheaper than replace(tzinfo).
+        return datetime.fromisoformat(value + "+00:00")
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+__all__ = ["driver_rows", "utc"]
