@@ -129,10 +129,11 @@ def measure(store: Store, label: str, args: argparse.Namespace) -> None:
     began = time.perf_counter()
     bench_scale.build_site(store, 0, args.nodes, args.lines, random.Random(42))
     with store.engine.connect() as conn:
-        hours, days = (int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar())
-                       for t in ("cost_rollup_hours", "cost_rollup_days"))
+        hours, days, months = (int(conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar())
+                               for t in ("cost_rollup_hours", "cost_rollup_days",
+                                         "cost_rollup_months"))
     print(f"  built in {time.perf_counter() - began:.1f} s; roll-ups: {hours:,} hour rows, "
-          f"{days:,} day rows")
+          f"{days:,} day rows, {months:,} month rows")
     end = bench_report.END
     since = end - timedelta(days=91)
     floor = _ms(_scan_floor(store, since.date().isoformat(), end.date().isoformat()),

@@ -155,6 +155,7 @@ def load_pg(store: Store, total: int) -> None:
         conn.exec_driver_sql("VACUUM ANALYZE cost_lines")
         conn.exec_driver_sql("VACUUM ANALYZE cost_rollup_hours")
         conn.exec_driver_sql("VACUUM ANALYZE cost_rollup_days")
+        conn.exec_driver_sql("VACUUM ANALYZE cost_rollup_months")
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, float, object]:

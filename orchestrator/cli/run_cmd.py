@@ -146,17 +146,18 @@ def db_rebuild_rollups(
     database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL (BURST_DATABASE_URL).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
 ) -> None:
-    """Rebuild the cost ledger's hour and day roll-ups from its lines, in one transaction (what
-    migration 0014 did on upgrade; for lines loaded into cost_lines by hand, e.g. a restore of
+    """Rebuild the cost ledger's hour, day and month roll-ups from its lines, in one transaction
+    (what migrations 0014 and 0016 did on upgrade; for lines loaded into cost_lines by hand, e.g. a restore of
     that table alone). Reports read the roll-ups; the roll-up keeps them as it writes lines."""
     settings = load_settings(database_url=database_url)
     store = open_store(settings)
     try:
         with err.status("rebuilding the cost roll-ups from the ledger's lines"):
-            hours, days = store.rebuild_cost_rollups()
+            hours, days, months = store.rebuild_cost_rollups()
     finally:
         store.close()
     if as_json:
-        print_json({"hour_rows": hours, "day_rows": days})
+        print_json({"hour_rows": hours, "day_rows": days, "month_rows": months})
     else:
-        err.print(f"cost roll-ups rebuilt: {hours:,} hour rows, {days:,} day rows")
+        err.print(f"cost roll-ups rebuilt: {hours:,} hour rows, {days:,} day rows, "
+                  f"{months:,} month rows")

@@ -1,7 +1,7 @@
 """The cost report: the ledger's lines summed by any grouping, reconciled to the cent.
 
 The HTTP API (``GET /v1/costs``) and the CLI (``burst report``) both call :func:`cost_report`.
-Sums run in SQL (``GROUP BY`` over the hour and day roll-ups of the lines,
+Sums run in SQL (``GROUP BY`` over the hour, day and month roll-ups of the lines,
 ``orchestrator.store.rollups``, or over ``cost_lines`` for groupings the roll-ups do not carry)
 on integer micro-dollars, so they are exact. The window selects lines by the start of their hour bucket: a line counts when its bucket
 starts in ``[since, until)``, so adjacent windows never count a line twice or lose one.

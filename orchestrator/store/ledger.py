@@ -306,9 +306,10 @@ class Ledger(StoreBase):
                 conn.execute(stmt)
         return len(changed), len(stale)
 
-    def rebuild_cost_rollups(self) -> tuple[int, int]:
-        """Rebuild the hour and day roll-ups from the lines (what migration 0014 did on upgrade;
-        for lines loaded around ``write_ledger``, e.g. by a bulk load). Returns their row counts."""
+    def rebuild_cost_rollups(self) -> tuple[int, int, int]:
+        """Rebuild the hour, day and month roll-ups from the lines (what migrations 0014 and 0016
+        did on upgrade; for lines loaded around ``write_ledger``, e.g. by a bulk load). Returns
+        their row counts (hours, days, months)."""
         with self._write() as conn:
             return rollups.rebuild(conn)
 

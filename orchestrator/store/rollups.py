@@ -1,15 +1,17 @@
-"""Cost roll-ups: the ledger's lines pre-summed per hour bucket and per UTC day, so cost reports
-and budgets over a quarter read thousands of rows instead of hundreds of thousands of lines.
+"""Cost roll-ups: the ledger's lines pre-summed per hour bucket, per UTC day and per UTC month, so
+cost reports and budgets over a quarter read hundreds of rows instead of hundreds of thousands of
+lines.
 
-Two tables (``cost_rollup_hours``, ``cost_rollup_days``) hold, per bucket and per (project,
+Three tables (``cost_rollup_hours``, ``cost_rollup_days``, ``cost_rollup_months``) hold, per
+bucket and per (project,
 user, provider, pool, policy), the sums a report shows: burst cost, idle cost, on-prem cost,
 on-prem equivalent, burst GPU-seconds, instance-seconds and the number of lines.
 
 **Kept as lines are written, in the same transaction.** :func:`apply_changes` is called by
 ``Ledger.write_ledger`` with the lines it deletes, the old versions of the lines it rewrites and
-the new ones; it adds the difference to both roll-ups in the transaction that changes the lines.
+the new ones; it adds the difference to the three roll-ups in the transaction that changes the lines.
 A line therefore reaches the roll-ups exactly when it reaches ``cost_lines``: a roll-up that
-crashes rolls both back, a retry that finds nothing changed writes nothing to either, and no
+crashes rolls them all back, a retry that finds nothing changed writes nothing to either, and no
 later task can count a line twice or miss one. (A separate roll-up task would need its own
 mark per line version, and would lag the lines the budgets read.) Two writers of one subject are
 serialised (SQLite's write lock; a transaction-scoped advisory lock per subject on PostgreSQL)
@@ -25,8 +27,10 @@ group whose lines are all gone keeps a row of zeros with ``lines`` 0, which read
 node's or a job's time at hour boundaries: every line lies in one hour bucket, and windows
 select lines by the start of their bucket. So the lines of a window are exactly those of the
 hours from ``since`` rounded up to the hour to ``until`` rounded up: :func:`rollup_sums` reads
-the day roll-up for the whole UTC days inside that span and the hour roll-up for the hours at
-its edges, and equals the sum of the raw lines to the micro-dollar. Groupings the roll-ups do
+the month roll-up for the whole UTC months inside that span, the day roll-up for the whole days
+at their edges and the hour roll-up for the hours at theirs (:func:`buckets`), and equals the
+sum of the raw lines to the micro-dollar. (A 91-day report by project reads about 2 months and
+30 days of rows rather than 91 days; a month budget one month's.) Groupings the roll-ups do
 not carry (region, instance type, market, node, job, kind) are summed from the lines
 (:data:`ROLLUP_KEYS` says which ones they carry).
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -88,17 +93,20 @@ def apply_changes(conn: Connection, insert: Any, removed: Iterable[CostLine],
     both roll-ups, in ``conn``'s transaction. ``insert``: the store's dialect insert."""
     hours: dict[tuple[Any, ...], Sums] = {}
     days: dict[tuple[Any, ...], Sums] = {}
+    months: dict[tuple[Any, ...], Sums] = {}
     for lines, sign in ((removed, -1), (added, 1)):
         for line in lines:
             delta = line_sums(line, sign)
             group = _group(line)
-            for table, key in ((hours, (line.period_start, line.day, *group)),
-                               (days, (line.day, *group))):
+            day = line.day
+            for table, key in ((hours, (line.period_start, day, *group)),
+                               (days, (day, *group)), (months, (day[:7], *group))):
                 have = table.get(key)
                 table[key] = delta if have is None else [a + b for a, b in zip(have, delta,
                                                                               strict=True)]
     _upsert(conn, insert, T.cost_rollup_hours, ("period_start", "day", *_GROUP), hours)
     _upsert(conn, insert, T.cost_rollup_days, ("day", *_GROUP), days)
+    _upsert(conn, insert, T.cost_rollup_months, ("month", *_GROUP), months)
 
 
 # The increment statement per (dialect, table), built once: building its SET clause's
@@ -123,9 +131,9 @@ def _upsert(conn: Connection, insert: Any, table: sa.Table, names: Sequence[str]
     conn.execute(stmt, rows)
 
 
-def rebuild(conn: Connection) -> tuple[int, int]:
-    """Make both roll-ups exactly the sums of ``cost_lines`` (what migration 0014 does on
-    upgrade), in ``conn``'s transaction. Returns (hour rows, day rows)."""
+def rebuild(conn: Connection) -> tuple[int, int, int]:
+    """Make the three roll-ups exactly the sums of ``cost_lines`` (what migrations 0014 and 0016
+    do on upgrade), in ``conn``'s transaction. Returns (hour rows, day rows, month rows)."""
     if conn.dialect.name == "postgresql":
         # No line written while the roll-ups are rebuilt from them (writers wait, readers read).
         conn.exec_driver_sql("LOCK TABLE cost_lines IN SHARE MODE")
@@ -149,13 +157,14 @@ def rebuild(conn: Connection) -> tuple[int, int]:
     counts = []
     for table, lead, lead_cols in (
             (T.cost_rollup_hours, ["period_start", "day"], [c.period_start, sa.func.min(c.day)]),
-            (T.cost_rollup_days, ["day"], [c.day])):
+            (T.cost_rollup_days, ["day"], [c.day]),
+            (T.cost_rollup_months, ["month"], [sa.func.substr(c.day, 1, 7)])):
         conn.execute(sa.delete(table))
         group_by = [lead_cols[0], *keys]
         select = sa.select(*lead_cols, *keys, *sums).group_by(*group_by)
         conn.execute(sa.insert(table).from_select([*lead, *_GROUP, *SUMS], select))
         counts.append(int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar()))
-    return counts[0], counts[1]
+    return counts[0], counts[1], counts[2]
 
 
 # -- reads ------------------------------------------------------------------------------------------
@@ -195,38 +204,88 @@ def spans(since: datetime | None, until: datetime | None
     return (d0, d1), edges
 
 
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """What of each roll-up a window reads: whole UTC months (a [start, end) of month starts,
+    None: unbounded; None: no whole month), whole days at their edges and hours at the days'
+    edges ([start, end) spans), which together hold exactly the hour buckets that start in
+    [since, until)."""
+
+    months: tuple[datetime | None, datetime | None] | None
+    days: list[tuple[datetime | None, datetime | None]]
+    hours: list[tuple[datetime, datetime]]
+
+
+def _month_ceil(day: datetime) -> datetime:
+    return day if day.day == 1 else _next_month(day.replace(day=1))
+
+
+def _next_month(month: datetime) -> datetime:
+    return (month + timedelta(days=32)).replace(day=1)
+
+
+def buckets(since: datetime | None, until: datetime | None, *, months: bool = True) -> Buckets:
+    """:func:`spans`, with the whole months inside its whole days read from the month roll-up
+    (``months`` False: none, for a grouping by day)."""
+    days, hours = spans(since, until)
+    if days is None:
+        return Buckets(None, [], hours)  # type: ignore[arg-type]  # edges are bounded
+    if not months:
+        return Buckets(None, [days], hours)  # type: ignore[arg-type]
+    d0, d1 = days
+    m0 = None if d0 is None else _month_ceil(d0)
+    m1 = None if d1 is None else d1.replace(day=1)
+    if m0 is not None and m1 is not None and m0 >= m1:
+        return Buckets(None, [days], hours)  # type: ignore[arg-type]
+    edges: list[tuple[datetime | None, datetime | None]] = []
+    if d0 is not None and m0 is not None and d0 < m0:
+        edges.append((d0, m0))
+    if d1 is not None and m1 is not None and m1 < d1:
+        edges.append((m1, d1))
+    return Buckets((m0, m1), edges, hours)  # type: ignore[arg-type]
+
+
+def _range(column: sa.ColumnElement[Any], span: tuple[datetime | None, datetime | None],
+           text: str) -> list[sa.ColumnElement[bool]]:
+    lo, hi = span
+    return [*([] if lo is None else [column >= lo.strftime(text)]),
+            *([] if hi is None else [column < hi.strftime(text)])]
+
+
 def rollup_sums(conn: Connection, group_by: Sequence[str], *, since: datetime | None,
                 until: datetime | None, projects: Collection[str] | None, pool: str | None,
-                users: Collection[str] | None) -> dict[tuple[str | None, ...], Sums]:
-    """Sums (:data:`SUMS`) per group of the lines whose bucket starts in [since, until), read
-    from the roll-ups (``group_by`` within :data:`ROLLUP_KEYS`); the filters as
-    ``Ledger.cost_sums`` takes them. Groups of no line are left out."""
-    days, edges = spans(since, until)
+                users: Collection[str] | None, sums: Sequence[str] = SUMS
+                ) -> dict[tuple[str | None, ...], Sums]:
+    """Sums (``sums``, default :data:`SUMS`, in that order) per group of the lines whose bucket
+    starts in [since, until), read from the roll-ups (``group_by`` within :data:`ROLLUP_KEYS`);
+    the filters as ``Ledger.cost_sums`` takes them. Groups of no line are left out."""
+    span = buckets(since, until, months="day" not in group_by)  # a month has no day key
     out: dict[tuple[str | None, ...], Sums] = {}
-    parts: list[tuple[sa.Table, Any]] = []
-    if days is not None:
+    parts: list[tuple[sa.Table, list[sa.ColumnElement[bool]]]] = []
+    if span.months is not None:
+        t = T.cost_rollup_months
+        parts.append((t, _range(t.c.month, span.months, "%Y-%m")))
+    for days in span.days:
         t = T.cost_rollup_days
-        where = []
-        if days[0] is not None:
-            where.append(t.c.day >= days[0].date().isoformat())
-        if days[1] is not None:
-            where.append(t.c.day < days[1].date().isoformat())
-        parts.append((t, where))
-    for lo, hi in edges:
+        parts.append((t, _range(t.c.day, days, "%Y-%m-%d")))
+    for lo, hi in span.hours:
         t = T.cost_rollup_hours
         parts.append((t, [t.c.period_start >= lo, t.c.period_start < hi]))
+    width = len(group_by)
     for table, where in parts:
         keys = [table.c[k].label(f"k{i}") for i, k in enumerate(group_by)]
-        query = sa.select(*keys, *(sa.func.sum(table.c[s]).label(s) for s in SUMS)) \
+        query = sa.select(*keys, *(sa.func.sum(table.c[s]) for s in sums)) \
             .where(*where, *_filters(table, projects, pool, users))
         if keys:
             query = query.group_by(*keys)
         query = query.having(sa.func.sum(table.c.lines) > 0)
+        # Plain tuples from the driver: no Row mapping per group.
         for row in conn.execute(query):
             key = tuple(_key(k, row[i]) for i, k in enumerate(group_by))
-            sums = [int(row._mapping[s] or 0) for s in SUMS]
+            values = [int(v or 0) for v in row[width:]]
             have = out.get(key)
-            out[key] = sums if have is None else [a + b for a, b in zip(have, sums, strict=True)]
+            out[key] = values if have is None else [a + b for a, b in zip(have, values,
+                                                                          strict=True)]
     return out
 
 
@@ -251,5 +310,5 @@ def _filters(table: sa.Table, projects: Collection[str] | None, pool: str | None
     return where
 
 
-__all__ = ["ROLLUP_KEYS", "SUMS", "apply_changes", "line_sums", "lock_subject", "rebuild",
-           "rollup_sums", "spans"]
+__all__ = ["ROLLUP_KEYS", "SUMS", "Buckets", "apply_changes", "buckets", "line_sums",
+           "lock_subject", "rebuild", "rollup_sums", "spans"]

@@ -410,6 +410,15 @@ class CostDayRow(_CostRollupColumns, Base):
     day: Mapped[str] = mapped_column(sa.String(10), primary_key=True)
 
 
+class CostMonthRow(_CostRollupColumns, Base):
+    """The cost lines of one UTC month summed per project, user, provider, pool and policy: a
+    quarter's report, or a month budget, reads a few hundred of these instead of its days."""
+
+    __tablename__ = "cost_rollup_months"
+
+    month: Mapped[str] = mapped_column(sa.String(7), primary_key=True)  # YYYY-MM
+
+
 class LedgerMarkRow(Base):
     """How far the ledger is final for one node (or ``onprem:<pool>``): buckets before
     ``final_through`` are never recomputed."""
@@ -591,6 +600,7 @@ cost_lines: sa.Table = CostLineRow.__table__  # type: ignore[assignment]
 ledger_marks: sa.Table = LedgerMarkRow.__table__  # type: ignore[assignment]
 cost_rollup_hours: sa.Table = CostHourRow.__table__  # type: ignore[assignment]
 cost_rollup_days: sa.Table = CostDayRow.__table__  # type: ignore[assignment]
+cost_rollup_months: sa.Table = CostMonthRow.__table__  # type: ignore[assignment]
 api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
 tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
 fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]

@@ -261,9 +261,11 @@ def test_db_rebuild_rollups_rebuilds_them_from_the_lines(env: Store) -> None:
     with env.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM cost_rollup_hours")
         conn.exec_driver_sql("DELETE FROM cost_rollup_days")
+        conn.exec_driver_sql("DELETE FROM cost_rollup_months")
     assert json.loads(run("report", *WINDOW, "--json").stdout)["total"]["cost_usd"] == "0.00"
     rebuilt = run("db", "rebuild-rollups", "--json")
     assert rebuilt.exit_code == 0, rebuilt.output
     counts = json.loads(rebuilt.stdout)
     assert counts["hour_rows"] > 0 and counts["day_rows"] == 4  # 2 projects x 2 days
+    assert counts["month_rows"] == 2  # 2 projects x 1 month
     assert run("report", *WINDOW, "--json").stdout == before.stdout

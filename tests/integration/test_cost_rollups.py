@@ -1,8 +1,8 @@
 """The cost roll-ups (orchestrator.store.rollups) on SQLite and PostgreSQL: reports and budgets
 read from them equal the sum of the lines to the micro-dollar for random lines (written, rewritten
-and deleted through ``write_ledger``), random windows and random groupings; the roll-ups equal a
-rebuild from the lines after any writes, racing writers included; migration 0014 builds them
-from the lines an older store holds."""
+and deleted through ``write_ledger``) over three months, random windows (whole months, days and
+hours) and random groupings; the roll-ups equal a rebuild from the lines after any writes, racing
+writers included; migrations 0014 and 0016 build them from what an older store holds."""
 
 from __future__ import annotations
 
@@ -19,18 +19,22 @@ from orchestrator.costs.spend import WindowLines, spend
 from orchestrator.domain.costs import NO_PROJECT, CostKind, CostLine
 from orchestrator.store import Store
 from orchestrator.store import tables as T
-from orchestrator.store.rollups import spans
+from orchestrator.store.rollups import buckets, spans
 
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 HOURS = 24 * 6  # the lines' buckets: six days from T0
-LEDGER = ("cost_lines", "cost_rollup_hours", "cost_rollup_days", "ledger_marks")
+# The random lines' buckets: from 30 days before T0 (January's last days, February) to 40 days
+# after it (March, April's first days), so windows hold whole months, whole days and hours.
+SPREAD = range(-24 * 30, 24 * 40)
+LEDGER = ("cost_lines", "cost_rollup_hours", "cost_rollup_days", "cost_rollup_months",
+          "ledger_marks")
 SUBJECTS = ("n-1", "n-2", "n-3", "onprem:gpu")
 
 line_st = st.fixed_dictionaries({
     "subject": st.sampled_from(SUBJECTS),
-    "hour": st.integers(0, HOURS - 1),
+    "hour": st.one_of(st.integers(0, HOURS - 1), st.integers(SPREAD.start, SPREAD.stop - 1)),
     "kind": st.sampled_from(list(CostKind)),
     "project": st.sampled_from([None, NO_PROJECT, "vision", "nlp"]),
     "user": st.sampled_from([None, "ada", "bob"]),
@@ -43,8 +47,12 @@ line_st = st.fixed_dictionaries({
     "gpu_s": st.floats(0, 28_800, allow_nan=False),
     "inst_s": st.floats(0, 3_600, allow_nan=False),
 })
-moment_st = st.one_of(st.none(), st.integers(-30, HOURS * 60 + 30).map(
-    lambda m: T0 + timedelta(minutes=m * 7)))
+moment_st = st.one_of(
+    st.none(), st.integers(-30, HOURS * 60 + 30).map(lambda m: T0 + timedelta(minutes=m * 7)),
+    # Across the months, on day and month starts too.
+    st.integers(SPREAD.start * 60 - 600, SPREAD.stop * 60 + 600).map(
+        lambda m: T0 + timedelta(minutes=m)),
+    st.integers(-40, 45).map(lambda d: T0 + timedelta(days=d)))
 group_st = st.lists(st.sampled_from(list(GroupKey)), unique=True, max_size=3)
 
 
@@ -76,10 +84,10 @@ def empty(store: Store) -> None:
 
 
 def rollup_rows(store: Store) -> dict[str, set[tuple]]:
-    """Both roll-ups' rows of at least one line."""
+    """The roll-ups' rows of at least one line."""
     out = {}
     with store.engine.connect() as conn:
-        for table in (T.cost_rollup_hours, T.cost_rollup_days):
+        for table in (T.cost_rollup_hours, T.cost_rollup_days, T.cost_rollup_months):
             out[table.name] = {tuple(r) for r in conn.execute(
                 sa.select(table).where(table.c.lines > 0))}
     return out
@@ -90,7 +98,7 @@ def in_window(line: CostLine, since: datetime | None, until: datetime | None) ->
         until is None or line.period_start < until)
 
 
-@settings(max_examples=20, deadline=None,
+@settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(first=st.lists(line_st, max_size=40), keep=st.lists(st.booleans(), max_size=40),
        since=moment_st, until=moment_st, group_by=group_st,
@@ -163,6 +171,43 @@ def test_window_spans_cover_exactly_the_buckets_of_the_window() -> None:
     assert spans(None, T0 + 5 * H) == ((None, T0), [(T0, T0 + 5 * H)])
 
 
+def test_a_quarter_reads_months_days_and_hours_equal_to_the_lines(store: Store) -> None:
+    """Lines in every hour bucket kind of a window over three months: the roll-ups' sums (whole
+    months, edge days, edge hours; and by day, which reads no month) equal the lines'."""
+    empty(store)
+    hours = [-24 * 30, -24 * 29 + 3, -24 * 28, -24 * 10, -5, 0, 24 * 3 + 7, 24 * 31, 24 * 39 + 20,
+             24 * 39 + 21]  # the first and the last outside the window
+    lines = [make_line(i, {"subject": SUBJECTS[i % 4], "hour": h, "kind": CostKind.USAGE,
+                           "project": ["vision", "nlp", None][i % 3], "user": "ada",
+                           "provider": "aws", "pool": "gpu", "policy": "train", "region": "r",
+                           "cost": 1_000_003 * (i + 1), "equiv": i, "gpu_s": 60.0 * i,
+                           "inst_s": 36.0 * i}) for i, h in enumerate(hours)]
+    write_all(store, lines)
+    since, until = T0 - timedelta(days=29, hours=22), T0 + timedelta(days=39, hours=21)
+    for keys in (["project"], ["project", "day"], []):
+        fast = store.cost_sums(keys, since=since, until=until)
+        slow = store.cost_sums(keys, since=since, until=until, from_lines=True)
+        assert [(s.keys, s.cost_micros, s.lines) for s in fast] == \
+            [(s.keys, s.cost_micros, s.lines) for s in slow]
+    assert sum(s.lines for s in store.cost_sums([], since=since, until=until)) == 8
+    assert sum(s.lines for s in store.cost_sums([])) == len(lines)
+
+
+def test_window_buckets_read_whole_months_then_days_then_hours() -> None:
+    m = lambda month, day=1, hour=0: datetime(2025, month, day, hour, tzinfo=UTC)  # noqa: E731
+    span = buckets(m(1, 30, 5), m(4, 2, 3))
+    assert span.months == (m(2), m(4))
+    assert span.days == [(m(1, 31), m(2)), (m(4), m(4, 2))]
+    assert span.hours == [(m(1, 30, 5), m(1, 31)), (m(4, 2), m(4, 2, 3))]
+    assert buckets(m(2), m(3)).months == (m(2), m(3)) and buckets(m(2), m(3)).days == []
+    assert buckets(m(2, 2), m(3)).months is None  # no whole month: the days
+    assert buckets(m(2, 2), m(3)).days == [(m(2, 2), m(3))]
+    assert buckets(None, m(3, 5)).months == (None, m(3))
+    assert buckets(None, m(3, 5)).days == [(m(3), m(3, 5))]
+    assert buckets(m(1, 30, 5), m(4, 2, 3), months=False).days == [(m(1, 31), m(4, 2))]
+    assert buckets(m(2, 1, 1), m(2, 1, 5)) == type(span)(None, [], [(m(2, 1, 1), m(2, 1, 5))])
+
+
 def test_racing_writers_keep_the_roll_ups_exact(store: Store) -> None:
     """Eight writers rewrite two subjects at once (different versions, shared groups): the
     roll-ups are the sums of whichever lines won, never a line counted twice."""
@@ -205,8 +250,18 @@ def test_migration_builds_the_roll_ups_from_existing_lines(store: Store) -> None
     write_all(store, lines)
     want = rollup_rows(store)
     report = cost_report(store, CostQuery(group_by=(GroupKey.PROJECT, GroupKey.DAY)))
+    by_project = cost_report(store, CostQuery(since=T0 - timedelta(days=30),
+                                              until=T0 + timedelta(days=40)))
     store.downgrade("0013")
     assert "cost_rollup_days" not in sa.inspect(store.engine).get_table_names()
     store.upgrade()
     assert rollup_rows(store) == want
     assert cost_report(store, CostQuery(group_by=(GroupKey.PROJECT, GroupKey.DAY))) == report
+    # 0016 builds the month roll-up from the day one.
+    store.downgrade("0015")
+    assert "cost_rollup_months" not in sa.inspect(store.engine).get_table_names()
+    store.upgrade()
+    assert rollup_rows(store) == want
+    assert want["cost_rollup_months"]  # the lines' month: March
+    assert cost_report(store, CostQuery(since=T0 - timedelta(days=30),
+                                        until=T0 + timedelta(days=40))) == by_project

@@ -19,8 +19,8 @@ from tests.integration.test_ledger import launch, terminate
 from tests.integration.test_public_tasks import app, call, env  # noqa: F401 - fixtures
 
 H = timedelta(hours=1)
-TABLES = ("cost_lines", "cost_rollup_hours", "cost_rollup_days", "ledger_marks", "node_events",
-          "nodes", "jobs", "job_runs", "decisions", "policy_memory", "pool_controls")
+TABLES = ("cost_lines", "cost_rollup_hours", "cost_rollup_days", "cost_rollup_months",
+          "ledger_marks", "node_events", "nodes", "jobs", "job_runs", "decisions", "policy_memory", "pool_controls")
 
 
 @pytest.fixture

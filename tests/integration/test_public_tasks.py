@@ -103,8 +103,8 @@ def store(env: str) -> Iterator[Store]:
     with Store(env) as s:
         with s.engine.begin() as conn:
             for table in ("pool_controls", "node_events", "nodes", "decisions", "policy_memory",
-                          "cost_lines", "cost_rollup_hours", "cost_rollup_days", "ledger_marks",
-                          "leases"):
+                          "cost_lines", "cost_rollup_hours", "cost_rollup_days", "cost_rollup_months",
+                          "ledger_marks", "leases"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
         yield s
 
