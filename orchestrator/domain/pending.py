@@ -348,6 +348,10 @@ class JobsView(Sequence[Job]):
         the viewed rows, in the view's order."""
         return getattr(self.columns, name)[self.indexes]
 
+    def ids(self) -> list[str]:
+        """The viewed rows' job ids, in the view's order (no Job made)."""
+        return list(map(self.columns.ids.__getitem__, self.indexes.tolist()))
+
     def where(self, mask: np.ndarray) -> JobsView:
         """The rows of this view where ``mask`` (one bool per row of the view) holds."""
         return JobsView(self.columns, self.indexes[mask])

@@ -154,8 +154,12 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
     # With budgets, a ready node counts as covering a pending job only if the dispatcher would
     # admit the job there (:mod:`.admission`); what the starts commit is taken from the books.
-    admit = (_admitter(policy, books, nodes, now, snapshot.burst_runs)
-             if books is not None or _has_quotas(policy) else None)
+    # The burst GPUs each project holds, read once: absorption's admission takes from its own
+    # copy, scale-up starts again from these.
+    held_now = (held_gpus(nodes, snapshot.burst_runs)
+                if books is not None or _has_quotas(policy) else None)
+    admit = (NodeAdmitter(Admission(policy, books, now, held_now), nodes)
+             if held_now is not None else None)
     demand = absorb(queue, nodes, policy, census, admit)
     if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
         demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
@@ -255,7 +259,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         summary = "no usable offering: " + "; ".join(f"{o.offering_key}: {o.rejected}" for o in rejected)
     else:
         budget = pool_budget(policy, nodes, candidates)
-        held = _held_gpus(nodes, snapshot.burst_runs)
+        held = (dict(held_now) if held_now is not None
+                else _held_gpus(nodes, snapshot.burst_runs))
         chooser = (SpotChooser(policy, ranked, snapshot.offering_health)
                    if policy.spot.by_expected_cost else None)
         # Data staging (pool/project storage, job annotations): jobs whose data would take
@@ -314,8 +319,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     # The wait each job burst this tick avoids (planner.forecast): the jobs launched for, and
     # those about to start on burst nodes ready or booting.
     if queue is not None and (burst_for or demand.burst_absorbed):
-        inputs["burst_wait"] = _burst_wait([*burst_for, *(j.id for j in demand.burst_absorbed)],
-                                           demand, queue, now)
+        absorbed = demand.burst_absorbed
+        absorbed_ids = (absorbed.ids() if isinstance(absorbed, JobsView)
+                        else [j.id for j in absorbed])
+        inputs["burst_wait"] = _burst_wait([*burst_for, *absorbed_ids], demand, queue, now)
 
     if prewarm is not None:
         if budget is None and candidates:
@@ -471,12 +478,6 @@ def _wider_than(jobs: Sequence[Job], widest: int) -> int:
 
 def _has_quotas(policy: Policy) -> bool:
     return any(p.max_burst_gpus is not None for p in policy.projects)
-
-
-def _admitter(policy: Policy, books: BudgetBook | None, nodes: list[Node], now: datetime,
-              runs: tuple[BurstRun, ...] = ()) -> NodeAdmitter:
-    """``admit(job, node id)`` for absorption (:class:`~.admission.NodeAdmitter`)."""
-    return NodeAdmitter(Admission(policy, books, now, held_gpus(nodes, runs)), nodes)
 
 
 def _trigger(policy: Policy, demand: Demand, now: datetime) -> tuple[bool, str]:

@@ -147,52 +147,92 @@ class OwnedBins:
         self.node_size = bins.node_size
         self._classes = classes
         self._buckets = [list(bucket) for bucket in bins._by_free]
-        self._by_class: list[dict[object, list[int]]] = [{} for _ in self._buckets]
+        rooms = len(self._buckets)
+        # Per class, per room: the class's bins that entered that room, in order.
+        self._by_class: dict[object, list[list[int]]] = {}
         self._stamp = [0] * len(self.free)
         seq = 0
         for room, bucket in enumerate(self._buckets):
-            by_class = self._by_class[room]
             for index in bucket:
                 seq += 1
                 self._stamp[index] = seq
-                by_class.setdefault(classes[index], []).append(index)
+                per_room = self._by_class.get(classes[index])
+                if per_room is None:
+                    per_room = self._by_class[classes[index]] = [[] for _ in range(rooms)]
+                per_room[room].append(index)
         self._seq = seq
         self.class_free: dict[object, int] = {}
         for index, room in enumerate(self.free):
             self.class_free[classes[index]] = self.class_free.get(classes[index], 0) + room
 
-    def _last(self, entries: list[int], room: int) -> int | None:
-        free = self.free
-        while entries and free[entries[-1]] != room:
-            entries.pop()
-        return entries[-1] if entries else None
-
     def place(self, gpus: int, allowed: tuple[object, ...] | None = None) -> int | None:
         """Place a one-node job on the bin :meth:`Bins.place` would pick (``allowed`` None), or
         :meth:`Bins.place_if` with ``ok(i)`` being ``classes[i] in allowed``; its index, or
-        None."""
+        None. A class whose bins have fewer free GPUs in all than the job is not read."""
         if not 0 < gpus <= self.node_size or gpus > self.total:
             return None
-        stamp = self._stamp
+        free, stamp = self.free, self._stamp
+        if allowed is None:
+            first, second = self._buckets, None
+        else:  # the classes that may hold the job (at most two read without a list)
+            class_free, by_class = self.class_free, self._by_class
+            first = second = None
+            rest: list[list[list[int]]] = []
+            for klass in allowed:
+                if class_free.get(klass, 0) >= gpus:
+                    if first is None:
+                        first = by_class[klass]
+                    elif second is None:
+                        second = by_class[klass]
+                    else:
+                        rest.append(by_class[klass])
+            if first is None:
+                return None
+            if rest:
+                return self._place_among([first, second, *rest], gpus)
+        index = None
         for room in range(gpus, len(self._buckets)):
-            if allowed is None:
-                index = self._last(self._buckets[room], room)
-            else:
-                index = None
-                by_class = self._by_class[room]
-                for klass in allowed:
-                    entries = by_class.get(klass)
-                    found = self._last(entries, room) if entries else None
-                    if found is not None and (index is None or stamp[found] > stamp[index]):
-                        index = found
+            entries = first[room]
+            while entries and free[entries[-1]] != room:  # dead: its bin left this room
+                entries.pop()
+            if entries:
+                index = entries[-1]
+            if second is not None:
+                entries = second[room]
+                while entries and free[entries[-1]] != room:
+                    entries.pop()
+                if entries and (index is None or stamp[entries[-1]] > stamp[index]):
+                    index = entries[-1]
             if index is not None:
-                left = room - gpus
-                self.free[index] = left
-                self.total -= gpus
-                self.class_free[self._classes[index]] -= gpus
-                self._seq += 1
-                stamp[index] = self._seq
-                self._buckets[left].append(index)
-                self._by_class[left].setdefault(self._classes[index], []).append(index)
-                return index
+                break
+        else:
+            return None
+        return self._take(index, gpus)
+
+    def _place_among(self, lists: list[list[list[int]]], gpus: int) -> int | None:
+        """:meth:`place` among more than two classes' bins."""
+        free, stamp = self.free, self._stamp
+        for room in range(gpus, len(self._buckets)):
+            index = None
+            for buckets in lists:
+                entries = buckets[room]
+                while entries and free[entries[-1]] != room:
+                    entries.pop()
+                if entries and (index is None or stamp[entries[-1]] > stamp[index]):
+                    index = entries[-1]
+            if index is not None:
+                return self._take(index, gpus)
         return None
+
+    def _take(self, index: int, gpus: int) -> int:
+        free, stamp = self.free, self._stamp
+        left = free[index] - gpus
+        free[index] = left
+        self.total -= gpus
+        klass = self._classes[index]
+        self.class_free[klass] -= gpus
+        self._seq += 1
+        stamp[index] = self._seq
+        self._buckets[left].append(index)
+        self._by_class[klass][left].append(index)
+        return index

@@ -233,9 +233,15 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
                         if placed is not None:
                             used = [placed]
                             burst.total = owned.total  # the loop's stop reads it
-                            admit(job_at(row), owners[placed])
-                            if classes[placed] is ANY_NODE and not owned.class_free[ANY_NODE]:
-                                next_cut = index + 1  # the last node in flight is full
+                            klass = classes[placed]
+                            if klass is ANY_NODE:
+                                # A node in flight: covered, nothing taken (NodeAdmitter).
+                                if not owned.class_free[ANY_NODE]:
+                                    next_cut = index + 1  # the last node in flight is full
+                            elif klass != project:
+                                # A foreign ready node: the start counts to both quotas
+                                # (on its own project's node a start changes nothing).
+                                admit(job_at(row), owners[placed])
                     elif refused.get(key) != admit.loosened:
                         job = job_at(row)
                         used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))

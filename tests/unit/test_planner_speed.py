@@ -191,3 +191,19 @@ def test_scheduling_order_is_priorities_then_age_then_id(specs, default_priority
     expected = sorted(jobs, key=lambda j: (-priorities.get(j.project, default_priority), -j.priority,
                                            j.submitted_at, j.id))
     assert scheduling_order(tuple(jobs), policy) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 2),
+                          st.sampled_from([0, 0, 1, 700_000]), st.integers(0, 3)), max_size=40))
+def test_scheduling_order_on_submit_times_centuries_apart(specs) -> None:
+    # Submit times ~2,000 years apart: the packed sort key (class, submit time, position) would
+    # not fit in 63 bits, so the order is a lexsort; ties still go by id, then position.
+    policy = make_policy(projects=[{"name": "a", "priority": 2}, {"name": "b", "priority": 0}])
+    jobs = [make_job(f"j{(i * 7) % 13}", project=p, priority=prio,
+                     submitted_at=T0 - timedelta(days=age), gpus=g + 1)
+            for i, (p, prio, age, g) in enumerate(specs)]
+    priorities = {"a": 2, "b": 0}
+    expected = [j for _, j in sorted(enumerate(jobs), key=lambda e: (
+        -priorities.get(e[1].project, 0), -e[1].priority, e[1].submitted_at, e[1].id, e[0]))]
+    assert scheduling_order(tuple(jobs), policy) == expected
