@@ -177,12 +177,12 @@ class Executor:
             offering_key=offering.key, instance_type=offering.instance_type, market=offering.market,
             gpus=offering.gpus, price_usd_hour=offering.price_usd_hour, state=NodeState.REQUESTED,
             state_since=now, created_at=now, request_id=action.request_id, project=action.project,
-            budget_commit_usd=action.budget_commit_usd,
+            budget_commit_usd=action.budget_commit_usd, launched_for=action.jobs,
         )
         event = NodeEvent(node.id, now, None, NodeState.REQUESTED, str(action.reason),
                           {"decision": action.decision_id, "offering": offering.key,
                            "request_id": action.request_id, "project": action.project,
-                           "user": action.user,
+                           "user": action.user, "jobs": list(action.jobs),
                            "budget_commit_usd": action.budget_commit_usd})
         if not self.store.add_node(node, event):
             existing = self.store.get_node(action.node_id) or self.store.node_by_request(action.request_id)

@@ -109,6 +109,10 @@ class Node:
     # its allocated GPUs sit under utilisation.idle_below_percent (None: not low, or unknown).
     gpu_utilisation_percent: float | None = None
     low_utilisation_since: datetime | None = None
+    # The pending jobs its launch was for (the plan's Launch.jobs; empty: min-nodes, pre-warm, a
+    # baseline's node). A dispatcher hands the node to these first while they are still pending
+    # (orchestrator.sources.builtin, the simulator), so the planner's per-job choice holds.
+    launched_for: tuple[str, ...] = ()
 
     @property
     def gpus_free(self) -> int:

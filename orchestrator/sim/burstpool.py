@@ -57,6 +57,10 @@ class BurstPool(GpuPool):
         if not len(pool):
             del self._offers[offering]
 
+    def offering_of(self, index: int) -> str:
+        """The offering key of node ``index`` (a launch group's nodes share one)."""
+        return self._offer_of[index]
+
     def _move(self, index: int, free: int) -> None:
         super()._move(index, free)
         self._offers[self._offer_of[index]]._move(index, free)

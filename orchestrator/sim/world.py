@@ -131,6 +131,12 @@ class World(OnPremFill, BurstFill):
         # [project, node id, GPUs, start s, end s or None]; open ones by job index.
         self.burst_runs: list[list] = []
         self._open_runs: dict[int, list[list]] = {}  # job index -> its runs (one per node)
+        # Ready burst nodes launched for pending jobs (Node.launched_for): node index -> those jobs
+        # still pending, in scheduling order; burst dispatch hands the node to them first
+        # (orchestrator.sim.burstfill). Trace job ids -> jobs, to read the launch's ids.
+        self._claims: dict[int, tuple[SimJob, ...]] = {}
+        self._by_id: dict[str, SimJob] = {job.trace.job_id: job for job in self.jobs}
+        self.claimed_starts = 0  # starts on a node launched for the job (the rest: oldest fits)
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -172,10 +178,15 @@ class World(OnPremFill, BurstFill):
                     self._fill(self.onprem, self._all, "onprem", now, started)
             if self.burst.free_total and self._burst_q:
                 admission = self.admission(now) if self.admission is not None else None
+                reserved = self._fill_launched_for(admission, now, started) if self._claims else ()
+                if reserved:
+                    self.burst.take(reserved)  # kept for a launch group still booting
                 if admission is None:
                     self._fill(self.burst, self._burst_q, "burst", now, started)
                 else:
                     self._fill_admitted(admission, now, started)
+                if reserved:
+                    self.burst.release(reserved)
         return started
 
     def _start(self, job: SimJob, alloc: Allocation, where: str, now: float) -> None:
@@ -283,6 +294,9 @@ class World(OnPremFill, BurstFill):
         self._burst_index[node.id] = index
         self._burst_ids[index] = node.id
         self.burst.add_node(index, node.gpus, node.offering_key)
+        claimed = [self._by_id[job_id] for job_id in node.launched_for if job_id in self._by_id]
+        if claimed:
+            self._claims[index] = tuple(sorted(claimed, key=lambda job: job.key))
         self.node_jobs.setdefault(node.id, set())
         self.store.set_usage(node.id, idle_since=at(now), gpus_busy=0, running_jobs=0)
         if self.on_node_idle is not None:
@@ -292,6 +306,7 @@ class World(OnPremFill, BurstFill):
         index = self._burst_index.pop(node_id, None)
         if index is not None:
             self.burst.remove_node(index)
+            self._claims.pop(index, None)
 
     # Fabric port ---------------------------------------------------------------------------------
 

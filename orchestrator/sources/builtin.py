@@ -9,7 +9,11 @@ Scheduling is priority-then-FIFO with backfill: jobs are taken in the same order
 (:func:`orchestrator.planner.demand.scheduling_order`), a job that does not fit is skipped, not
 blocking smaller ones. On-prem is always offered work first; a burst node asking for work gets the
 first pending job that fits it, that on-prem cannot start now, and that the budgets admit
-(:mod:`orchestrator.planner.admission`, the rule the planner counts burst capacity with).
+(:mod:`orchestrator.planner.admission`, the rule the planner counts burst capacity with). The
+jobs the node was launched for (``Node.launched_for``, the plan's ``Launch.jobs``) come first,
+while they are still pending: the planner chose which jobs to burst (their wait, displacement,
+staging), and handing their node to the oldest pending job instead would undo that choice and
+leave the job it was for waiting for the next launch. Then the rest, in order, as before.
 
 Every write is compare-and-set on the job's version, so the loop and the API thread (or several
 processes) can dispatch at once without running a job twice. Each start on a burst node, and each
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.domain.jobs import Job, JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
@@ -231,7 +235,8 @@ class BuiltinQueue:
             pending = self.store.jobs(states=[JobState.PENDING], pool=node.pool)
             by_id = {j.id: j for j in pending}
             admission = self._admission(policy, now) if pending else None
-            for job in scheduling_order([j.to_domain() for j in pending], policy):
+            for job in _launched_for_first(
+                    scheduling_order([j.to_domain() for j in pending], policy), node):
                 if job.gpus > free_gpus:
                     continue
                 if admission is not None:
@@ -343,6 +348,16 @@ class BuiltinQueue:
             if self.store.requeue_job(job, now, RunOutcome.NODE_GONE) is not None:
                 count += 1
         return count
+
+
+def _launched_for_first(jobs: list[Job], node: Node) -> list[Job]:
+    """``jobs`` (in scheduling order) with those ``node`` was launched for first, each part kept
+    in order (module docstring)."""
+    intended = frozenset(node.launched_for)
+    if not intended:
+        return jobs
+    return ([job for job in jobs if job.id in intended]
+            + [job for job in jobs if job.id not in intended])
 
 
 def _job_id(job: JobRecord) -> str:

@@ -63,6 +63,7 @@ def _node_values(node: Node) -> dict[str, Any]:
     values = {name: getattr(node, name) for name in NODE_FIELDS}
     values["state"] = NodeState(node.state).value
     values["market"] = Market(node.market).value
+    values["launched_for"] = list(node.launched_for) or None
     return values
 
 
@@ -71,6 +72,7 @@ def _node_from_row(row: sa.Row[Any]) -> Node:
     values = {name: m[name] for name in NODE_FIELDS}
     values["state"] = NodeState(values["state"])
     values["market"] = Market(values["market"])
+    values["launched_for"] = tuple(values["launched_for"] or ())
     return Node(**values)
 
 

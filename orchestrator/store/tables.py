@@ -116,6 +116,9 @@ class NodeRow(Base):
     # utilisation.idle_below_percent (NULL: not low, or unknown).
     gpu_utilisation_percent: Mapped[float | None] = mapped_column(sa.Float)
     low_utilisation_since: Mapped[datetime | None]
+    # The pending job ids its launch was for (a JSON list; NULL: none recorded): the built-in
+    # queue's claim hands the node to them first (orchestrator.sources.builtin).
+    launched_for: Mapped[list[str] | None] = mapped_column(sa.JSON)
 
 
 class NodeEventRow(Base):
