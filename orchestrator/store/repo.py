@@ -8,6 +8,7 @@ always passed in; no method reads the clock. Datetimes go in tz-aware and come b
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import fields, replace
 from datetime import datetime
@@ -85,6 +86,14 @@ _TIME_AT = tuple(i for i, name in enumerate(NODE_FIELDS)
 _STATE_AT, _MARKET_AT = NODE_FIELDS.index("state"), NODE_FIELDS.index("market")
 _BOOL_AT = tuple(i for i, name in enumerate(NODE_FIELDS)
                  if isinstance(T.nodes.c[name].type, sa.Boolean))
+_LAUNCHED_FOR_AT = NODE_FIELDS.index("launched_for")
+
+
+def _launched_for(raw: Any) -> tuple[str, ...]:
+    """The driver's JSON list of job ids (SQLite hands back its text) as the Node keeps it."""
+    if isinstance(raw, str):
+        raw = json.loads(raw)  # ('null' for a node launched for no job)
+    return tuple(raw or ())
 
 
 def _node_from_driver(row: tuple[Any, ...]) -> Node:
@@ -95,6 +104,7 @@ def _node_from_driver(row: tuple[Any, ...]) -> Node:
         values[i] = bool(values[i])
     values[_STATE_AT] = _STATES[values[_STATE_AT]]
     values[_MARKET_AT] = _MARKETS[values[_MARKET_AT]]
+    values[_LAUNCHED_FOR_AT] = _launched_for(values[_LAUNCHED_FOR_AT])
     return Node(*values)
 
 

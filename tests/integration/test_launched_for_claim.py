@@ -37,6 +37,7 @@ def test_a_node_goes_to_the_job_it_was_launched_for_then_to_the_oldest(store: St
     _launched(rig, "n-late", (late.id,))
     node = store.get_node("n-late")
     assert node.launched_for == (late.id,)
+    assert [n.launched_for for n in store.nodes() if n.id == "n-late"] == [(late.id,)]  # (raw read)
     [intent] = [e for e in store.events("n-late") if e.from_state is None]
     assert intent.details["jobs"] == [late.id]
 
@@ -46,6 +47,7 @@ def test_a_node_goes_to_the_job_it_was_launched_for_then_to_the_oldest(store: St
 
     _launched(rig, "n-none", ())  # min-nodes, pre-warm: no job
     assert store.get_node("n-none").launched_for == ()
+    assert [n.launched_for for n in store.nodes() if n.id == "n-none"] == [()]
     assert rig.queue.claim_for_node(store.get_node("n-none"), 8, T0 + 11 * M).id == old.id
 
     _launched(rig, "n-late2", (late.id,))  # its job already runs on n-late: the oldest left
