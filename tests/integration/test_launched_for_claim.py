@@ -1,6 +1,6 @@
 """The built-in queue's claim hands a ready burst node first to the jobs it was launched for, on
 real stores (SQLite and PostgreSQL): the executor records the plan's ``Launch.jobs`` with the
-node (``nodes.launched_for``, migration 0016), and the claim reads them back; a node launched for
+node (``nodes.launched_for``, migration 0017), and the claim reads them back; a node launched for
 no job, or whose jobs are no longer pending, takes the oldest pending job that fits, as before."""
 
 from __future__ import annotations
