@@ -8,7 +8,10 @@ not a test.
 The seed draws burst nodes' boot times (``providers/sim.py``), keyed by the launch request, whose
 id carries the policy's name: renaming a policy alone changes its draws. On the ITP trace one
 policy's cloud cost moves by a few per cent between seeds, as much as many policy changes do, so
-compare policies over several seeds. Setting as ``bench/bench_simulate.py``: on-prem at the p70
+compare policies over several seeds. Columns: the cost's mean and range, its mean ratio to the clairvoyant, the mean (min - max) ratio
+to greedy paired by seed, the worst seed's attainment by jobs and by GPU-hours, the most jobs
+waiting past 3x the SLO, the longest wait of any seed, and the mean replay wall time of a seed's
+run (the machine's load shows in it). Setting as ``bench/bench_simulate.py``: on-prem at the p70
 of concurrent demand in 8-GPU nodes, 30-minute SLO, easy backfill, tick 1 minute. Each seed
 replays every policy and the greedy baseline; ratios to greedy are paired by seed; the
 clairvoyant does not depend on the seed.
@@ -73,12 +76,14 @@ def main() -> None:
             rows.setdefault(name, []).append({
                 "cost": run["cloud_cost_usd"], "x_greedy": run["cloud_cost_usd"] / greedy,
                 "slo": run["slo_attainment"], "slo_gpuh": run["slo_attainment_gpu_hours"],
-                "over": run["jobs_over_3x_slo"]})
+                "over": run["jobs_over_3x_slo"], "max_wait": run["wait_max_s"],
+                "wall": result.timings.get(name, {}).get("wall_s", 0.0)})
         print(f"seed {seed} done ({time.perf_counter() - began:.0f} s)", flush=True)
     print()
     print(f"trace {trace.name}, seeds {seeds}; clairvoyant ${clairvoyant_cost:,.0f} (seed-free)")
     print(f"{'run':<14} {'cost mean $':>12} {'min-max $':>19} {'x clv':>6} {'x greedy':>16} "
-          f"{'SLO jobs min':>13} {'SLO GPUh min':>13} {'>3x max':>8}")
+          f"{'SLO jobs min':>13} {'SLO GPUh min':>13} {'>3x max':>8} {'max wait':>9} "
+          f"{'replay s':>9}")
     for name, values in rows.items():
         costs = [v["cost"] for v in values]
         ratios = [v["x_greedy"] for v in values]
@@ -87,7 +92,9 @@ def main() -> None:
               f"{mean / clairvoyant_cost:6.3f} {statistics.fmean(ratios):6.3f} "
               f"({min(ratios):.3f}-{max(ratios):.3f}) {100 * min(v['slo'] for v in values):12.2f}% "
               f"{100 * min(v['slo_gpuh'] for v in values):12.2f}% "
-              f"{max(v['over'] for v in values):8,}")
+              f"{max(v['over'] for v in values):8,} "
+              f"{max(v['max_wait'] for v in values) / 60:8.1f}m "
+              f"{statistics.fmean(v['wall'] for v in values):9.1f}")
 
 
 if __name__ == "__main__":
