@@ -71,10 +71,10 @@ def test_a_node_whose_job_started_elsewhere_goes_to_the_oldest() -> None:
     started = _started(world, 25.0)
     assert started["old"] == ("n1",) and started["late"] == ("n0",)
     world = _world(TraceJob("old", 10.0, 600.0, 4), TraceJob("late", 20.0, 600.0, 4))
-    late = world.jobs[2]
-    world._start(late, world.onprem.find(0) or (), "onprem", 25.0)  # (started on-prem meanwhile)
     world.node_ready(_node(world, "n1", ("late",)), 30.0)
-    assert _started(world, 30.0) == {"old": ("n1",)}
+    assert _started(world, 30.0) == {"late": ("n1",)}
+    world.node_ready(_node(world, "n2", ("late",)), 40.0)  # (a second launch for it, say)
+    assert _started(world, 40.0) == {"old": ("n2",)}  # its job runs already: the oldest
 
 
 def test_a_launch_group_keeps_its_first_node_for_its_job_until_the_rest_is_up() -> None:
