@@ -48,17 +48,21 @@ def run_burst_here(*args: str, env: dict | None = None, check: bool = False) -> 
     is set in os.environ for the call only (the settings are read per command, not cached)."""
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli import app, common
 
     # A command may set up the root logger on the runner's stderr (orchestrator.logs): restore it
     # after, so later tests in this process do not log to a closed stream.
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    # The consoles are built on first use and keep the width they saw then (COLUMNS, or piped):
+    # build them afresh for each call, as each `burst` process does.
+    _fresh_consoles(common)
     try:
         result = CliRunner().invoke(app, list(args), prog_name="burst", env=env)
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
+        _fresh_consoles(common)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a traceback the real CLI would have printed: fail the test on it
     done = subprocess.CompletedProcess(["burst", *args], result.exit_code, result.stdout,
@@ -66,6 +70,11 @@ def run_burst_here(*args: str, env: dict | None = None, check: bool = False) -> 
     if check and done.returncode != 0:
         raise AssertionError(f"burst {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     return done
+
+
+def _fresh_consoles(common) -> None:
+    for console in (common.out, common.err):
+        console._console = None
 
 
 def burst_json_here(*args: str, env: dict | None = None):

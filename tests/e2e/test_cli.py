@@ -1,6 +1,8 @@
 """The CLI as a user runs it: plan, snapshot schema, submit/status, run --once, decisions/explain,
 db upgrade (SQLite and PostgreSQL), and settings from the environment and a settings file.
-The stateless `plan` tests run the CLI in-process (run_burst_here); the rest start `burst`."""
+The stateless commands (plan, submit, status, decisions, explain) run the CLI in-process
+(run_burst_here: the same typer app, exit code, stdout and stderr); `burst run --once`, `burst db
+upgrade` and the settings tests (the environment, a settings file) start `burst`."""
 
 from __future__ import annotations
 
@@ -91,38 +93,40 @@ def test_plan_with_a_bad_policy_lists_problems(tmp_path):
 
 
 def test_submit_status_run_once_and_explain(env):
-    submitted = burst_json("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
-                           "--duration", "10m", "--count", "3", env=env)
+    submitted = burst_json_here("submit", "--policy", str(FAST_POLICY), "--project", "research",
+                                "--gpus", "4", "--duration", "10m", "--count", "3", env=env)
     assert len(submitted) == 3 and all(j["id"].startswith("j-") for j in submitted)
-    status = burst_json("status", "--policy", str(FAST_POLICY), env=env)
+    status = burst_json_here("status", "--policy", str(FAST_POLICY), env=env)
     [pool] = status["pools"]
     # One 4-GPU on-prem node: the loop has not dispatched yet, so all three wait.
     assert pool["pending_jobs"] == 3 and pool["onprem_gpus"] == 4
     run = run_burst("run", "--policy", str(FAST_POLICY), "--once", env=env, timeout=60)
     assert run.returncode == 0, run.stderr
-    decisions = burst_json("decisions", env=env)
+    decisions = burst_json_here("decisions", env=env)
     assert decisions and decisions[0]["policy"] == "fast"
     # First tick: the trigger starts its sustain period; the decision says so.
     assert decisions[0]["rule"] in ("sustaining", "scale-up")
-    explained = burst_json("explain", decisions[0]["id"], env=env)
+    explained = burst_json_here("explain", decisions[0]["id"], env=env)
     assert explained["id"] == decisions[0]["id"] and "inputs" in explained
-    text = run_burst("explain", decisions[0]["id"], env=env, check=True).stdout
+    text = run_burst_here("explain", decisions[0]["id"], env=env, check=True).stdout
     assert "rule:" in text and "why:" in text
-    missing = run_burst("explain", "d-000000000000", env=env)
+    missing = run_burst_here("explain", "d-000000000000", env=env)
     assert missing.returncode == 2 and "no decision" in missing.stderr
 
 
 def test_submit_rejects_bad_input_clearly(env):
-    result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "10 minutes", env=env)
+    result = run_burst_here("submit", "--project", "p", "--gpus", "1", "--duration", "10 minutes",
+                            env=env)
     assert result.returncode == 2 and "--duration" in result.stderr and "Traceback" not in result.stderr
-    result = run_burst("submit", "--project", "p", "--gpus", "1", "--duration", "1m", "--pool", "nope", env=env)
+    result = run_burst_here("submit", "--project", "p", "--gpus", "1", "--duration", "1m",
+                            "--pool", "nope", env=env)
     assert result.returncode == 2 and "no running policy watches pool 'nope'" in result.stderr
 
 
 def test_status_human_output_has_tables(env):
-    run_burst("submit", "--policy", str(FAST_POLICY), "--project", "vision", "--gpus", "2",
-              "--duration", "1m", env=env, check=True)
-    text = run_burst("status", "--policy", str(FAST_POLICY), env=env, check=True).stdout
+    run_burst_here("submit", "--policy", str(FAST_POLICY), "--project", "vision", "--gpus", "2",
+                   "--duration", "1m", env=env, check=True)
+    text = run_burst_here("status", "--policy", str(FAST_POLICY), env=env, check=True).stdout
     assert "pools" in text and "burst nodes" in text and "vision" in text
 
 
@@ -164,14 +168,16 @@ def test_submit_from_a_trace_file_queues_it_whole_or_says_where_it_is_wrong(env,
     bad = tmp_path / "bad.csv"
     bad.write_text("job_id,submit_s,duration_s,gpus,project,priority\n"
                    "a,0,600,2,research,0\nb,30,soon,8,vision,5\n")
-    refused = run_burst("submit", "--policy", str(FAST_POLICY), "--from-file", str(bad), env=env)
+    refused = run_burst_here("submit", "--policy", str(FAST_POLICY), "--from-file", str(bad),
+                             env=env)
     assert refused.returncode == 2 and f"{bad}:3: duration_s:" in refused.stderr
     good = tmp_path / "jobs.csv"
     good.write_text("job_id,submit_s,duration_s,gpus,project,priority\n"
                     "a,0,600,2,research,0\nb,30,3600,4,vision,5\n")
-    submitted = burst_json("submit", "--policy", str(FAST_POLICY), "--from-file", str(good), env=env)
+    submitted = burst_json_here("submit", "--policy", str(FAST_POLICY), "--from-file", str(good),
+                                env=env)
     assert [(j["project"], j["gpus"]) for j in submitted] == [("research", 2), ("vision", 4)]
-    status = burst_json("status", "--policy", str(FAST_POLICY), env=env)
+    status = burst_json_here("status", "--policy", str(FAST_POLICY), env=env)
     assert status["pools"][0]["pending_jobs"] == 2  # the refused file queued nothing
     waits = {j["project"]: j["wait_s"] for j in status["queue"]}
     assert waits["research"] - waits["vision"] == pytest.approx(30, abs=1)  # the file's offsets

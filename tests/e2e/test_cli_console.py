@@ -2,8 +2,10 @@
 
 Rich reads `[...]` as a style tag and silently drops it; a budget named in a decision
 (`budgets[vision-day]`) is exactly what a user came to read. Every command that echoes data is
-driven here through the `burst` entry point, piped (as in a script or a log file), against a
-store seeded with names and messages full of brackets.
+driven here through the `burst` typer app, piped (as in a script or a log file), against a store
+seeded with names and messages full of brackets. The commands run in-process (run_burst_here:
+the same app and consoles, built afresh per call as in a new process); `burst run --once` still
+starts a process (it installs signal handlers and serves the agents' API while it ticks).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from orchestrator.domain import NodeState
 from orchestrator.domain.plan import Decision, OfferingOption, Rule
 from orchestrator.store import Store, default_sqlite_url
 from tests.builders import make_rig
-from tests.e2e.helpers import FAST_POLICY, free_port, kill_all, run_burst
+from tests.e2e.helpers import FAST_POLICY, free_port, kill_all, run_burst, run_burst_here
 
 TEAM = "[bold]team[/] [x]"  # a project name as a user might type it (the store takes any text)
 DECISION_ID = "d-[red]1[/red]"
@@ -56,8 +58,8 @@ def seeded(tmp_path_factory: pytest.TempPathFactory):
     kill_all(str(state))
 
 
-def burst(seeded, *args: str, code: int = 0):
-    result = run_burst(*args, env=seeded["env"])
+def burst(seeded, *args: str, code: int = 0, process: bool = False):
+    result = (run_burst if process else run_burst_here)(*args, env=seeded["env"])
     assert result.returncode == code, (args, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     return result
@@ -98,7 +100,7 @@ def test_report_rows_keep_bracketed_projects(seeded) -> None:
 
 
 def test_run_log_names_policies_and_decisions_verbatim(seeded) -> None:
-    run = burst(seeded, "run", "--once", "-p", str(FAST_POLICY))
+    run = burst(seeded, "run", "--once", "-p", str(FAST_POLICY), process=True)
     assert "burst: running policies [fast], tick" in run.stderr, run.stderr
 
 

@@ -1,7 +1,9 @@
 """The CLI talks to the loop that runs: `burst run` records its policies in the state directory,
 and `submit`, `status`, `plan` without -p use them; a job for a pool no running policy watches is
 refused; `burst run`'s lines reach a file as they happen; a missing optional extra is one line
-naming the `pip install` to run."""
+naming the `pip install` to run. The loop is a `burst run` process; the commands typed beside it
+(submit, status, plan) run in-process (run_burst_here: the same typer app reading the same state
+directory and running.json), the missing-extra check starts `burst` (it is about imports)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.e2e.helpers import FAST_POLICY, burst_cmd, burst_json, free_port, kill_all, run_burst, wait_for
+from tests.e2e.helpers import (FAST_POLICY, burst_cmd, burst_json_here, free_port, kill_all, run_burst,
+                               run_burst_here, wait_for)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -34,17 +37,17 @@ def test_commands_default_to_the_running_loops_policies(tmp_path: Path):
         wait_for(lambda: "running policies" in log.read_text(), timeout=60, what="the start line")
 
         # No -p: the loop's policy (pool gpu of policy fast), not the shipped default.
-        [job] = burst_json("submit", "--project", "research", "--gpus", "1", "--duration", "2s",
-                           env=env)
+        [job] = burst_json_here("submit", "--project", "research", "--gpus", "1", "--duration",
+                                "2s", env=env)
         assert job["pool"] == "gpu"
-        status = burst_json("status", env=env)
+        status = burst_json_here("status", env=env)
         assert status["loop"]["running"] is True
         assert [p["policy"] for p in status["policies"]] == ["fast"]
-        plan = burst_json("plan", env=env)
+        plan = burst_json_here("plan", env=env)
         assert [d["policy"] for d in plan["decisions"]] == ["fast"]
 
-        refused = run_burst("submit", "--project", "research", "--gpus", "1", "--duration", "1m",
-                            "--pool", "cpu", env=env)
+        refused = run_burst_here("submit", "--project", "research", "--gpus", "1", "--duration",
+                                 "1m", "--pool", "cpu", env=env)
         assert refused.returncode == 2
         assert "no running policy watches pool 'cpu'" in refused.stderr
         assert "the pools watched are gpu" in refused.stderr

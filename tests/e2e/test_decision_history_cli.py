@@ -1,6 +1,8 @@
 """Bounded decision history through the CLI: ``burst run --once`` applies the retention
 (``BURST_DECISION_RETENTION``) and counts a repeated decision on its row, and ``burst decisions``
-/ ``burst explain`` show the count and when it was last made."""
+/ ``burst explain`` show the count and when it was last made. The ticks and the settings error start
+`burst` (a loop process; a setting read from the environment at start-up); `decisions` and
+`explain` read the state directory in-process (run_burst_here)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.domain.plan import Decision, Rule
 from orchestrator.store import Store, default_sqlite_url
-from tests.e2e.helpers import FAST_POLICY, burst_json, free_port, kill_all, run_burst
+from tests.e2e.helpers import FAST_POLICY, burst_json_here, free_port, kill_all, run_burst, run_burst_here
 
 
 def _decision(i: int, at: datetime, policy: str = "fast") -> Decision:
@@ -38,13 +40,13 @@ def test_embedded_loop_prunes_and_repeats_show_in_decisions(tmp_path: Path) -> N
         for _ in range(2):
             run_burst("run", "--policy", str(FAST_POLICY), "--once", env=env, timeout=120,
                       check=True)
-        found = burst_json("decisions", env=env)
+        found = burst_json_here("decisions", env=env)
         assert [(d["policy"], d["repeats"]) for d in found] == [("fast", 3), ("other", 1)]
         [fast, other] = found
         assert fast["last_seen_at"] > fast["at"] and other["last_seen_at"] == other["at"]
-        text = run_burst("decisions", env=env, check=True).stdout
+        text = run_burst_here("decisions", env=env, check=True).stdout
         assert "x3, last" in text
-        explained = run_burst("explain", fast["id"], env=env, check=True).stdout
+        explained = run_burst_here("explain", fast["id"], env=env, check=True).stdout
         assert "made 3 ticks in a row" in explained
     finally:
         kill_all(str(state))

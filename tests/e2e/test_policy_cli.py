@@ -1,21 +1,22 @@
-"""End-to-end tests of `burst policy ...`, run in a subprocess exactly as a user would run it."""
+"""End-to-end tests of `burst policy ...` as a user runs it, through the `burst` typer app
+in-process (run_burst_here: exit code, stdout and stderr as the entry point gives them; an
+exception the real CLI would print as a traceback fails the test). The process start itself is
+tests/e2e/test_cli_consistency.py's (`burst --help` imports nothing heavy)."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.helpers import run_burst_here
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "policies" / "examples").glob("*.yaml"))
-CLI_MODULE = "orchestrator.cli.policy_cmd"
 PROBLEM_LINE = re.compile(r"^.+:\d+:\d+: \S+: .+$")
 
 BAD_POLICY = """\
@@ -37,15 +38,8 @@ scale_down:
 
 
 def run_policy_cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """Run `burst policy ARGS...` in a subprocess, from the repository root."""
-    # The one line to change once the `burst` console script exists: ["burst", "policy"].
-    prefix = [sys.executable, "-c", f"from {CLI_MODULE} import policy_app; policy_app()"]
-    python_path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(python_path)}
-    return subprocess.run(
-        [*prefix, *map(str, args)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=False,
-    )
+    """`burst policy ARGS...` in this process (the paths given are absolute)."""
+    return run_burst_here("policy", *map(str, args))
 
 
 # (file name, content, message): inputs that are not policies at all. None: no such file.
@@ -73,7 +67,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """Run every CLI invocation once, side by side: each start of the CLI costs about a second."""
+    """Run every CLI invocation once; the tests below inspect what each printed."""
     folder = tmp_path_factory.mktemp("policies")
     bad_file = folder / "bad.yaml"
     bad_file.write_text(BAD_POLICY, encoding="utf-8")
@@ -94,9 +88,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         "schema": ("schema",),
         "reference": ("reference",),
     }
-    with ThreadPoolExecutor(max_workers=len(invocations)) as pool:
-        futures = {key: pool.submit(run_policy_cli, *args) for key, args in invocations.items()}
-        results = {key: future.result() for key, future in futures.items()}
+    results = {key: run_policy_cli(*args) for key, args in invocations.items()}
     return Runs(bad_file, not_policies, results)
 
 
@@ -218,9 +210,7 @@ accelerators:
         "pool": "gpu", "onprem": {"total_gpus": 4, "free_gpus": 0},
         "pending": [{"id": "j1", "project": "nlp", "pool": "gpu", "gpus": 8,
                      "submitted_at": "2026-12-01T11:00:00Z", "duration_s": 3600}]}}}))
-    from tests.e2e.helpers import run_burst
-
-    plan = run_burst("plan", "-p", str(good), "--snapshot", str(snapshot),
+    plan = run_burst_here("plan", "-p", str(good), "--snapshot", str(snapshot),
                      env={"BURST_STATE_DIR": str(tmp_path / "state")}, check=True)
     assert "expands to 2 offering(s)" in plan.stderr
     assert "a2-ultragpu-8g" in plan.stdout and "p4de.24xlarge" in plan.stdout

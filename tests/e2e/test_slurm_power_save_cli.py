@@ -1,5 +1,7 @@
 """`burst slurm resume / suspend / resume-fail`: bad names refused at once, the work handed to a
-detached process that logs to the state directory, `--wait --json` for machines. (The whole cycle
+detached process that logs to the state directory, `--wait --json` for machines. The refusal and
+`--wait` (the work in the foreground) run in-process (run_burst_here: exit code and output); the
+hand-off starts `burst` with no stdio at all, as slurmctld does. (The whole cycle
 with slurmctld calling these programs: tests/e2e/test_slurm_power_save.py.)"""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.helpers import burst_cmd, kill_all, run_burst
+from tests.e2e.helpers import burst_cmd, kill_all, run_burst_here
 
 POLICY = {
     "version": 1, "name": "ps", "cluster": "e2e-ps-cli",
@@ -36,7 +38,7 @@ def env(tmp_path: Path):
 
 
 def test_a_name_no_power_save_policy_lists_is_refused_naming_it(env):
-    result = run_burst("slurm", "resume", "cloud-[2-3]", env=env)
+    result = run_burst_here("slurm", "resume", "cloud-[2-3]", env=env)
     assert result.returncode == 2
     assert "error: no power-save policy lists cloud-3 in fabric.slurm.slots" in result.stderr
     assert "Traceback" not in result.stderr
@@ -55,7 +57,7 @@ def test_the_work_is_handed_off_and_logged_and_wait_json_reports_it(env):
         time.sleep(0.2)
     assert "held by no burst node" in log.read_text(), log.read_text()
 
-    done = run_burst("slurm", "resume-fail", "cloud-2", "--wait", "--json", env=env)
+    done = run_burst_here("slurm", "resume-fail", "cloud-2", "--wait", "--json", env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"ps": {"launched": {}, "refused": {}, "terminated": {},
                                               "unbound": ["cloud-2"], "decision": None}}

@@ -2,7 +2,9 @@
 
 A state directory is seeded through the CLI (jobs submitted) and the store (a ready burst node
 running two of the jobs, a booting one); `burst api` serves it; the pools, queue and nodes the API
-answers are compared field by field with what `burst status --json` prints.
+answers are compared field by field with what `burst status --json` prints. `burst api` is a
+process; the CLI commands (submit, token create, status) run in-process (run_burst_here: the same
+typer app on the same state directory).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from orchestrator.domain.nodes import Market, Node, NodeState
 from orchestrator.domain.utilisation import GpuUse
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.store import Store
-from tests.e2e.helpers import FAST_POLICY, burst_cmd, burst_json, free_port, run_burst, wait_for
+from tests.e2e.helpers import FAST_POLICY, burst_cmd, burst_json_here, free_port, run_burst_here, wait_for
 
 OFFERING = "local/local/local-a/local.4gpu/spot"
 
@@ -51,10 +53,10 @@ def store_instance(node: Node, node_id: str) -> Node:
 
 
 def seed(env: dict[str, str], state: Path) -> None:
-    run_burst("submit", "-p", str(FAST_POLICY), "--project", "research", "--gpus", "2",
-              "--duration", "1h", "--count", "3", env=env, check=True)
-    run_burst("submit", "-p", str(FAST_POLICY), "--project", "vision", "--gpus", "4",
-              "--duration", "30m", env=env, check=True)
+    run_burst_here("submit", "-p", str(FAST_POLICY), "--project", "research", "--gpus", "2",
+                   "--duration", "1h", "--count", "3", env=env, check=True)
+    run_burst_here("submit", "-p", str(FAST_POLICY), "--project", "vision", "--gpus", "4",
+                   "--duration", "30m", env=env, check=True)
     store = Store(f"sqlite:///{state / 'burst.db'}")
     try:
         at = datetime.now(UTC) - timedelta(minutes=5)
@@ -82,8 +84,8 @@ def test_status_json_and_the_api_show_the_same_figures(tmp_path: Path):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("BURST_")}
     env = {**clean, "BURST_STATE_DIR": str(state), "BURST_POLICY_FILES": f'["{FAST_POLICY}"]'}
     seed(env, state)
-    token = run_burst("token", "create", "--role", "admin", env=env, check=True).stdout.strip()
-    status = burst_json("status", "-p", str(FAST_POLICY), env=env)
+    token = run_burst_here("token", "create", "--role", "admin", env=env, check=True).stdout.strip()
+    status = burst_json_here("status", "-p", str(FAST_POLICY), env=env)
 
     port = free_port()
     proc = subprocess.Popen(burst_cmd("api", "--port", str(port)), env=env,
@@ -127,8 +129,8 @@ def test_status_json_and_the_api_show_the_same_figures(tmp_path: Path):
     flagged = {j["id"] for j in queue["jobs"] if j["low_utilisation"]}
     assert flagged == {j["id"] for j in status["low_utilisation_jobs"]} and len(flagged) == 2
     assert {j["gpu_utilisation_percent"] for j in queue["jobs"] if j["id"] in flagged} == {2.0}
-    human = run_burst("status", "-p", str(FAST_POLICY), env={**env, "COLUMNS": "250"},
-                      check=True).stdout
+    human = run_burst_here("status", "-p", str(FAST_POLICY), env={**env, "COLUMNS": "250"},
+                           check=True).stdout
     assert re.search(r"2% idle 4\dm", human), human  # low for 40 minutes and counting
     assert "unknown" in human and "jobs with idle GPUs (2)" in human
     assert {n["id"]: n["offering"] for n in status["nodes"]} == {n["id"]: n["offering"] for n in nodes}

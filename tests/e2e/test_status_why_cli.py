@@ -1,12 +1,15 @@
 """`burst status` answers "why nothing launches", as a user runs it: each policy's latest
 decision, the limits and quotas in force, its budgets (spent, committed, limit, grade), and for
-each pending job the limit or budget holding it, from the latest decision."""
+each pending job the limit or budget holding it, from the latest decision.
+
+`submit` and `status` run in-process (run_burst_here: the same typer app, output and exit code);
+`burst run --once` starts a process, as the loop a user starts does."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.helpers import burst_json, run_burst
+from tests.e2e.helpers import burst_json_here, run_burst, run_burst_here
 
 POLICY = """\
 version: 1
@@ -28,14 +31,14 @@ def test_status_shows_the_decision_limits_budgets_and_what_holds_each_job(tmp_pa
     policy = tmp_path / "tight.yaml"
     policy.write_text(POLICY)
     env = {"BURST_STATE_DIR": str(tmp_path / "state"), "BURST_LOCAL_BOOT_DELAY_S": "0"}
-    submitted = burst_json("submit", "--policy", str(policy), "--project", "research", "--gpus",
-                           "4", "--duration", "10m", "--count", "2", env=env)
-    before = burst_json("status", "--policy", str(policy), env=env)
+    submitted = burst_json_here("submit", "--policy", str(policy), "--project", "research",
+                                "--gpus", "4", "--duration", "10m", "--count", "2", env=env)
+    before = burst_json_here("status", "--policy", str(policy), env=env)
     assert before["policies"][0]["decision"] is None
     assert {j["held_back"]["text"] for j in before["queue"]} == {"no decision yet"}
 
     run_burst("run", "--policy", str(policy), "--once", env=env, timeout=120, check=True)
-    status = burst_json("status", "--policy", str(policy), env=env)
+    status = burst_json_here("status", "--policy", str(policy), env=env)
     [entry] = status["policies"]
     assert entry["decision"]["rule"] == "limited"
     assert entry["decision"]["held_back_by"] == ["budgets[research-day]"]
@@ -51,7 +54,7 @@ def test_status_shows_the_decision_limits_budgets_and_what_holds_each_job(tmp_pa
     assert waiting["held_back"]["held_back_by"] == ["budgets[research-day]"]
     assert waiting["held_back"]["decision"] == entry["decision"]["id"]
 
-    text = run_burst("status", "--policy", str(policy), env={**env, "COLUMNS": "200"},
+    text = run_burst_here("status", "--policy", str(policy), env={**env, "COLUMNS": "200"},
                      check=True).stdout
     assert "limited: 4 unmet GPU(s) but held back by budgets[research-day]" in text
     assert "max_nodes 3" in text and "projects[research].max_burst_gpus 8" in text
