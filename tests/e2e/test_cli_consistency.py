@@ -18,7 +18,7 @@ import typer.main
 from orchestrator.cli import app
 from orchestrator.cli.common import DEFAULT_POLICY
 from orchestrator.policy import DEFAULT_POLICY_PATH
-from tests.e2e.helpers import FAST_POLICY, burst_cmd, free_port, kill_all, run_burst
+from tests.e2e.helpers import FAST_POLICY, burst_cmd, free_port, kill_all, run_burst, run_burst_here
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIKE = ROOT / "policies" / "snapshots" / "spike.json"
@@ -141,8 +141,11 @@ def mine(tmp_path: Path):
 
 
 def test_commands_read_burst_policy_files_when_p_is_absent(mine, tmp_path: Path) -> None:
+    # The commands read BURST_POLICY_FILES when they load their settings (per command, not at
+    # import): in-process (run_burst_here sets it for the call) but for `burst run`, a process.
     def burst(*args: str) -> subprocess.CompletedProcess:
-        return run_burst(*args, env=mine, check=True)
+        run = run_burst if args[0] == "run" else run_burst_here
+        return run(*args, env=mine, check=True)
 
     assert "in pool mine-pool" in burst("submit", "--project", "p", "--gpus", "1",
                                         "--duration", "1m").stdout

@@ -1,6 +1,7 @@
 """What moving data costs, as a user sees it: ``burst plan`` and ``burst explain`` show per burst
 job its staging time and egress next to its compute cost, and say which job was not burst
-because staging its data would outlast its on-prem wait."""
+because staging its data would outlast its on-prem wait. `burst run --once` starts a process; the
+other commands run in-process (run_burst_here: the same typer app, output and exit code)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.helpers import (FAST_POLICY, burst_json, burst_json_here, free_port, kill_all,
-                               run_burst, run_burst_here)
+from tests.e2e.helpers import FAST_POLICY, burst_json_here, free_port, kill_all, run_burst, run_burst_here
 
 ROOT = Path(__file__).resolve().parents[2]
 SPIKE = ROOT / "policies" / "snapshots" / "spike.json"
@@ -71,13 +71,13 @@ def test_explain_shows_the_staging_of_a_stored_decision(env, tmp_path):
     policy = _with_storage(FAST_POLICY, tmp_path / "fast.yaml",
                            trigger={"pending_gpus_above": 0, "oldest_wait_above": "0s",
                                     "sustained_for": "0s"})
-    burst_json("submit", "--policy", str(policy), "--project", "research", "--gpus", "4",
-               "--duration", "2h", "--count", "2", env=env)
+    burst_json_here("submit", "--policy", str(policy), "--project", "research", "--gpus", "4",
+                    "--duration", "2h", "--count", "2", env=env)
     run = run_burst("run", "--policy", str(policy), "--once", env=env, timeout=60)
     assert run.returncode == 0, run.stderr
-    [decision] = [d for d in burst_json("decisions", env=env) if d["rule"] == "scale-up"]
+    [decision] = [d for d in burst_json_here("decisions", env=env) if d["rule"] == "scale-up"]
     # The list carries each decision whole: its staging is what explain shows.
     rows = decision["inputs"]["staging"]["jobs"]
     assert rows and all(r["staging_s"] == 1600.0 and r["egress_gb"] == 220.0 for r in rows.values())
-    text = run_burst("explain", decision["id"], env=env, check=True).stdout
+    text = run_burst_here("explain", decision["id"], env=env, check=True).stdout
     assert "data staging per job" in text and "1600s" in text and "19.80" in text
