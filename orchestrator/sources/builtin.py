@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from orchestrator.domain.jobs import Job, JobState, Placement
+from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
@@ -43,6 +43,7 @@ from orchestrator.store.jobruns import RunOutcome, builtin_run_key
 from orchestrator.store.queueread import QueueRead, RunningJob
 
 ONPREM_PREFIX = "onprem"
+CLAIM_PAGE = 100  # pending jobs a burst node's claim reads at a time (claim_for_node)
 
 
 def onprem_node_name(pool: str, index: int) -> str:
@@ -232,13 +233,16 @@ class BuiltinQueue:
                 lost = self.store.jobs(states=[JobState.RUNNING], node_id=node.id)
                 if lost:
                     return lost[0]
-            pending = self.store.jobs(states=[JobState.PENDING], pool=node.pool)
-            by_id = {j.id: j for j in pending}
-            admission = self._admission(policy, now) if pending else None
-            for job in _launched_for_first(
-                    scheduling_order([j.to_domain() for j in pending], policy), node):
-                if job.gpus > free_gpus:
-                    continue
+            # The pool's pending jobs that fit, in the planner's scheduling order, those the
+            # node was launched for first: read a page at a time, since the first that fits and
+            # is admitted is usually on the first page, so a claim does not read the whole
+            # queue. (A job started elsewhere meanwhile shifts the pages by one: at worst this
+            # claim passes over a job the next claim is offered.)
+            admission: Admission | None = None
+            for index, pending in enumerate(self._claimable(node, policy, free_gpus)):
+                if index == 0:
+                    admission = self._admission(policy, now)
+                job = pending.to_domain()
                 if admission is not None:
                     current = self.store.get_node(node.id) or node
                     verdict = admission.check(job, current)
@@ -247,11 +251,34 @@ class BuiltinQueue:
                     if verdict.extension_usd and not self._extend(current, verdict.extension_usd):
                         continue
                     admission.take(job, current, verdict)
-                record = self.store.start_job(by_id[job.id], placement=Placement.BURST,
+                record = self.store.start_job(pending, placement=Placement.BURST,
                                               node_id=node.id, at=now)
                 if record is not None:
                     return record
         return None
+
+    def _claimable(self, node: Node, policy: Policy, free_gpus: int) -> Iterator[JobRecord]:
+        """The pending jobs of the node's pool of at most ``free_gpus`` GPUs that the node may
+        be given, in the order it is offered them: those it was launched for (module
+        docstring), then the rest, each part in scheduling order; the rest read a page of
+        :data:`CLAIM_PAGE` at a time (:meth:`Store.pending_that_fit`)."""
+        intended = frozenset(node.launched_for)
+        if intended:
+            mine = {r.id: r for r in self.store.jobs_by_id(sorted(intended))
+                    if r.state is JobState.PENDING and r.pool == node.pool
+                    and r.gpus <= free_gpus}
+            for job in scheduling_order([r.to_domain() for r in mine.values()], policy):
+                yield mine[job.id]
+        priorities = {p.name: p.priority for p in policy.projects}
+        offset = 0
+        while True:
+            page = self.store.pending_that_fit(node.pool, free_gpus, priorities,
+                                               policy.default_project_priority,
+                                               offset=offset, limit=CLAIM_PAGE)
+            yield from (r for r in page if r.id not in intended)
+            if len(page) < CLAIM_PAGE:
+                return
+            offset += len(page)
 
     def _admission(self, policy: Policy, now: datetime) -> Admission | None:
         """The policy's budgets now, as the planner sees them: spend from the cost ledger, the
@@ -348,16 +375,6 @@ class BuiltinQueue:
             if self.store.requeue_job(job, now, RunOutcome.NODE_GONE) is not None:
                 count += 1
         return count
-
-
-def _launched_for_first(jobs: list[Job], node: Node) -> list[Job]:
-    """``jobs`` (in scheduling order) with those ``node`` was launched for first, each part kept
-    in order (module docstring)."""
-    intended = frozenset(node.launched_for)
-    if not intended:
-        return jobs
-    return ([job for job in jobs if job.id in intended]
-            + [job for job in jobs if job.id not in intended])
 
 
 def _job_id(job: JobRecord) -> str:

@@ -18,7 +18,7 @@ compare-and-set that writes only the columns a start changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -209,6 +209,26 @@ class QueueReads(StoreBase):
             return {(pool, JobState(state), Placement(placement) if placement else None):
                     (int(jobs), int(gpus or 0))
                     for pool, state, placement, jobs, gpus in conn.execute(query)}
+
+    def pending_that_fit(self, pool: str, max_gpus: int, project_priority: Mapping[str, int],
+                         default_priority: int, *, offset: int = 0, limit: int = 100
+                         ) -> list[JobRecord]:
+        """Records of ``pool``'s pending jobs of at most ``max_gpus`` GPUs, in the planner's
+        scheduling order (:func:`orchestrator.planner.order.scheduling_order`: the project's
+        priority, ``project_priority`` or ``default_priority``, highest first; then the job's;
+        then oldest; then id), rows ``offset`` to ``offset + limit`` of it: what a burst node
+        asking for work may be given, read a page at a time rather than the whole queue."""
+        c = T.jobs.c
+        rank: sa.ColumnElement[int] = sa.literal(int(default_priority))
+        if project_priority:
+            rank = sa.case({name: int(p) for name, p in project_priority.items()},
+                           value=c.project, else_=int(default_priority))
+        query = (sa.select(T.jobs)
+                 .where(c.state == JobState.PENDING.value, c.pool == pool, c.gpus <= max_gpus)
+                 .order_by(rank.desc(), c.priority.desc(), c.submitted_at, c.id)
+                 .offset(offset).limit(limit))
+        with self._read() as conn:
+            return [job_from_row(r) for r in conn.execute(query)]
 
     def jobs_by_id(self, ids: Sequence[str]) -> list[JobRecord]:
         """The records of ``ids`` (unknown ones left out), in no particular order."""

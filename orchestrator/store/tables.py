@@ -184,8 +184,6 @@ class JobRow(Base):
     """A job of the built-in queue."""
 
     __tablename__ = "jobs"
-    # The tick reads pending jobs by state (then pool and age) once: orchestrator.store.queueread.
-    __table_args__ = (sa.Index("ix_jobs_state_pool_submitted_at", "state", "pool", "submitted_at"),)
 
     id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
     project: Mapped[str] = mapped_column(sa.String(STR_NAME))
@@ -205,6 +203,13 @@ class JobRow(Base):
     exit_code: Mapped[int | None] = mapped_column(sa.Integer)
     attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+
+
+# The tick reads every pending job once, in service order (orchestrator.store.queueread): the
+# index serves the filter and the order (priority highest first, then submission, then id), so
+# no read sorts the queue. Migration 0018.
+sa.Index("ix_jobs_pending_order", JobRow.state, JobRow.priority.desc(), JobRow.submitted_at,
+         JobRow.id)
 
 
 class JobRunRow(Base):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import sqlalchemy as sa
+
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.sources.builtin import BuiltinQueue
 from orchestrator.store import Store
+from orchestrator.store import tables as T
 from orchestrator.store.queueread import RunningJob
 from tests.builders import POOL, T0, make_policy
 from tests.integration.test_job_runs import ready
@@ -119,3 +122,53 @@ def test_the_driver_reads_agree_with_the_typed_records(store: Store) -> None:
     assert read.running == [RunningJob.of(r) for r in records]
     assert {j.placement for j in read.running} == {Placement.ONPREM, Placement.BURST}
     assert all(j.started_at.utcoffset() == timedelta(0) for j in read.running)
+
+
+def test_the_pending_read_needs_no_sort_and_its_index_migrates_both_ways(store: Store) -> None:
+    """Migration 0018's index serves the read's filter and order: SQLite reads it without a
+    sort of the queue; downgrading to 0017 and back leaves the schema as the models say."""
+    _fill(store)
+    if store.dialect == "sqlite":
+        c = T.jobs.c
+        query = (sa.select(c.id).where(c.state == JobState.PENDING.value)
+                 .order_by(c.priority.desc(), c.submitted_at, c.id))
+        with store.engine.connect() as conn:
+            sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+            steps = " ".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+        assert "ix_jobs_pending_order" in steps and "TEMP B-TREE" not in steps
+    before = _rows(store.queue_read(T0))
+    store.downgrade("0017")
+    store.upgrade()
+    indexes = {i["name"] for i in sa.inspect(store.engine).get_indexes("jobs")}
+    assert "ix_jobs_pending_order" in indexes and "ix_jobs_state_pool_submitted_at" not in indexes
+    assert _rows(store.queue_read(T0)) == before
+
+
+def test_a_nodes_claim_reads_the_fitting_jobs_in_the_planners_order(store: Store) -> None:
+    """``pending_that_fit``, page after page, is the planner's scheduling order of the pool's
+    pending jobs narrowed to those that fit: project priorities from the policy (unlisted
+    projects at the default), then job priority, then age, then id (ties in submit time)."""
+    import random
+
+    from orchestrator.planner.order import scheduling_order
+
+    policy = make_policy(projects=[{"name": "p0", "priority": 2}, {"name": "p1", "priority": 0}],
+                         default_project_priority=1)
+    rng = random.Random(5)
+    for i in range(60):
+        at = T0 + rng.randrange(20) * M  # ties in submit time, broken by id
+        store.submit_job(f"p{rng.randrange(3)}", POOL, rng.choice([1, 2, 4, 8]),
+                         rng.randrange(2), None, None, at)
+    store.submit_job("p0", "elsewhere", 1, 0, None, None, T0)
+    pending = [r.to_domain() for r in store.jobs(states=[JobState.PENDING], pool=POOL)]
+    priorities = {p.name: p.priority for p in policy.projects}
+    for max_gpus, page in ((4, 7), (8, 100), (1, 3)):
+        got, offset = [], 0
+        while chunk := store.pending_that_fit(POOL, max_gpus, priorities,
+                                              policy.default_project_priority,
+                                              offset=offset, limit=page):
+            got += [r.id for r in chunk]
+            offset += len(chunk)
+        assert got == [j.id for j in scheduling_order(pending, policy) if j.gpus <= max_gpus]
+    assert store.pending_that_fit(POOL, 8, {}, 0, limit=500) == store.jobs(
+        states=[JobState.PENDING], pool=POOL)
