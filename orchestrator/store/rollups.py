@@ -27,10 +27,12 @@ group whose lines are all gone keeps a row of zeros with ``lines`` 0, which read
 node's or a job's time at hour boundaries: every line lies in one hour bucket, and windows
 select lines by the start of their bucket. So the lines of a window are exactly those of the
 hours from ``since`` rounded up to the hour to ``until`` rounded up: :func:`rollup_sums` reads
-the month roll-up for the whole UTC months inside that span, the day roll-up for the whole days
-at their edges and the hour roll-up for the hours at theirs (:func:`buckets`), and equals the
-sum of the raw lines to the micro-dollar. (A 91-day report by project reads about 2 months and
-30 days of rows rather than 91 days; a month budget one month's.) Groupings the roll-ups do
+the month roll-up for the whole UTC months inside that span and, at each edge, the cheaper of
+the finer buckets up to it and the whole edge bucket less its finer buckets outside the window
+(:func:`cover`: November 1-29 is November less November 30; today up to now is today less its
+hours after now), and equals the sum of the raw lines to the micro-dollar (integer sums
+subtract exactly). A 91-day report by project reads five buckets' rows instead of 91 days'; a
+month budget one month's. Groupings the roll-ups do
 not carry (region, instance type, market, node, job, kind) are summed from the lines
 (:data:`ROLLUP_KEYS` says which ones they carry).
 """
@@ -41,6 +43,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import IntEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -169,124 +172,191 @@ def rebuild(conn: Connection) -> tuple[int, int, int]:
 
 # -- reads ------------------------------------------------------------------------------------------
 
-def _hour_ceil(moment: datetime) -> datetime:
-    moment = moment.astimezone(UTC)
-    floor = moment.replace(minute=0, second=0, microsecond=0)
-    return floor if floor == moment else floor + _HOUR
+class Level(IntEnum):
+    """A roll-up's bucket size, finest first."""
+
+    HOUR = 0
+    DAY = 1
+    MONTH = 2
 
 
-def _day_ceil(moment: datetime) -> datetime:
-    floor = moment.replace(hour=0, minute=0, second=0, microsecond=0)
-    return floor if floor == moment else floor + _DAY
+def _floor(moment: datetime, level: Level) -> datetime:
+    moment = moment.replace(minute=0, second=0, microsecond=0)
+    if level >= Level.DAY:
+        moment = moment.replace(hour=0)
+    return moment.replace(day=1) if level is Level.MONTH else moment
 
 
-def _day_floor(moment: datetime) -> datetime:
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+def _next(start: datetime, level: Level) -> datetime:
+    """The start of the bucket after the one starting at ``start``."""
+    if level is Level.HOUR:
+        return start + _HOUR
+    if level is Level.DAY:
+        return start + _DAY
+    return (start + timedelta(days=32)).replace(day=1)
 
 
-def spans(since: datetime | None, until: datetime | None
-          ) -> tuple[tuple[datetime | None, datetime | None] | None,
-                     list[tuple[datetime | None, datetime | None]]]:
-    """The window's whole UTC days (a [start, end) of day starts, None: unbounded; None: no whole
-    day) and its edge hours ([start, end) spans of hour buckets), which together hold exactly
-    the buckets that start in [since, until)."""
-    lo = None if since is None else _hour_ceil(since)
-    hi = None if until is None else _hour_ceil(until)
-    d0 = None if lo is None else _day_ceil(lo)
-    d1 = None if hi is None else _day_floor(hi)
-    if d0 is not None and d1 is not None and d0 >= d1:
-        return None, ([(lo, hi)] if lo < hi else [])  # type: ignore[operator]
-    edges = []
-    if lo is not None and d0 is not None and lo < d0:
-        edges.append((lo, d0))
-    if hi is not None and d1 is not None and d1 < hi:
-        edges.append((d1, hi))
-    return (d0, d1), edges
+def _ceil(moment: datetime, level: Level) -> datetime:
+    floor = _floor(moment, level)
+    return floor if floor == moment else _next(floor, level)
 
 
 @dataclass(frozen=True, slots=True)
-class Buckets:
-    """What of each roll-up a window reads: whole UTC months (a [start, end) of month starts,
-    None: unbounded; None: no whole month), whole days at their edges and hours at the days'
-    edges ([start, end) spans), which together hold exactly the hour buckets that start in
-    [since, until)."""
+class Part:
+    """One range read from one roll-up: its buckets [start, end) (None: unbounded), added
+    (``sign`` 1) or taken away (-1)."""
 
-    months: tuple[datetime | None, datetime | None] | None
-    days: list[tuple[datetime | None, datetime | None]]
-    hours: list[tuple[datetime, datetime]]
+    level: Level
+    start: datetime | None
+    end: datetime | None
+    sign: int = 1
 
-
-def _month_ceil(day: datetime) -> datetime:
-    return day if day.day == 1 else _next_month(day.replace(day=1))
-
-
-def _next_month(month: datetime) -> datetime:
-    return (month + timedelta(days=32)).replace(day=1)
-
-
-def buckets(since: datetime | None, until: datetime | None, *, months: bool = True) -> Buckets:
-    """:func:`spans`, with the whole months inside its whole days read from the month roll-up
-    (``months`` False: none, for a grouping by day)."""
-    days, hours = spans(since, until)
-    if days is None:
-        return Buckets(None, [], hours)  # type: ignore[arg-type]  # edges are bounded
-    if not months:
-        return Buckets(None, [days], hours)  # type: ignore[arg-type]
-    d0, d1 = days
-    m0 = None if d0 is None else _month_ceil(d0)
-    m1 = None if d1 is None else d1.replace(day=1)
-    if m0 is not None and m1 is not None and m0 >= m1:
-        return Buckets(None, [days], hours)  # type: ignore[arg-type]
-    edges: list[tuple[datetime | None, datetime | None]] = []
-    if d0 is not None and m0 is not None and d0 < m0:
-        edges.append((d0, m0))
-    if d1 is not None and m1 is not None and m1 < d1:
-        edges.append((m1, d1))
-    return Buckets((m0, m1), edges, hours)  # type: ignore[arg-type]
+    @property
+    def buckets(self) -> int:
+        """How many buckets it reads (what choosing between two covers weighs); unbounded: many."""
+        if self.start is None or self.end is None:
+            return 1 << 30
+        if self.level is Level.MONTH:
+            return (self.end.year - self.start.year) * 12 + self.end.month - self.start.month
+        return int((self.end - self.start) / (_DAY if self.level is Level.DAY else _HOUR))
 
 
-def _range(column: sa.ColumnElement[Any], span: tuple[datetime | None, datetime | None],
-           text: str) -> list[sa.ColumnElement[bool]]:
-    lo, hi = span
-    return [*([] if lo is None else [column >= lo.strftime(text)]),
-            *([] if hi is None else [column < hi.strftime(text)])]
+def cover(lo: datetime | None, hi: datetime | None, level: Level = Level.MONTH) -> list[Part]:
+    """Parts of the roll-ups no coarser than ``level`` whose signed sum is exactly the hour buckets
+    in [lo, hi) (hour starts, UTC; None: unbounded), reading as few buckets as it can: the whole
+    buckets of ``level`` inside the range, and at each edge the cheaper of the finer buckets up to
+    it or the whole edge bucket less its finer buckets outside the range (days 1-29 of a month
+    are the month less its day 30; the hours of today up to now, today less the hours after)."""
+    if lo is not None and hi is not None and lo >= hi:
+        return []
+    if level is Level.HOUR:
+        return [Part(Level.HOUR, lo, hi)]
+    finer = Level(level - 1)
+    c0 = None if lo is None else _ceil(lo, level)
+    c1 = None if hi is None else _floor(hi, level)
+    if lo is not None and hi is not None and c0 > c1:  # type: ignore[operator]
+        # Inside one bucket [c1, c0) of this level.
+        return _cheaper(cover(lo, hi, finer), _complement(c1, lo, hi, level))  # type: ignore[arg-type]
+    out = []
+    if c0 is None or c1 is None or c0 < c1:
+        out.append(Part(level, c0, c1))
+    if lo is not None and lo < c0:  # type: ignore[operator]
+        out += _cheaper(cover(lo, c0, finer), _complement(_floor(lo, level), lo, c0, level))
+    if hi is not None and c1 < hi:  # type: ignore[operator]
+        out += _cheaper(cover(c1, hi, finer), _complement(c1, c1, hi, level))  # type: ignore[arg-type]
+    return out
+
+
+def _complement(start: datetime, lo: datetime, hi: datetime, level: Level) -> list[Part]:
+    """The bucket of ``level`` at ``start`` less its hours outside [lo, hi)."""
+    end = _next(start, level)
+    outside = [*cover(start, lo, Level(level - 1)), *cover(hi, end, Level(level - 1))]
+    return [Part(level, start, end), *(Part(p.level, p.start, p.end, -p.sign) for p in outside)]
+
+
+def _cheaper(direct: list[Part], complement: list[Part]) -> list[Part]:
+    return complement if sum(p.buckets for p in complement) < sum(p.buckets for p in direct) \
+        else direct
+
+
+_TABLES = {Level.HOUR: (T.cost_rollup_hours, "period_start", None),
+           Level.DAY: (T.cost_rollup_days, "day", "%Y-%m-%d"),
+           Level.MONTH: (T.cost_rollup_months, "month", "%Y-%m")}
+
+# The statement per shape of read (its parts' levels, bounds and signs, the keys, which filters),
+# built once: building a UNION of grouped selects cost more CPU than running it.
+_READS: dict[tuple[Any, ...], Any] = {}
+
+
+def _bound(part: Part, moment: datetime) -> Any:
+    text = _TABLES[part.level][2]
+    return moment if text is None else moment.strftime(text)
+
+
+def _read(parts: Sequence[Part], group_by: Sequence[str], sums: Sequence[str],
+          filters: tuple[bool, bool, bool]) -> Any:
+    """One statement for the signed sum of ``parts``: a ``UNION ALL`` of one grouped select per
+    part (each scans its roll-up's range alone, through its index), grouped again over the few
+    rows they give; groups of no line left out (``HAVING``). Parameters ``lo{i}``/``hi{i}`` per
+    part, and ``projects``, ``pool``, ``users`` for the ``filters`` present."""
+    shape = (tuple((p.level, p.start is None, p.end is None, p.sign) for p in parts),
+             tuple(group_by), tuple(sums), filters)
+    stmt = _READS.get(shape)
+    if stmt is not None:
+        return stmt
+    selects = []
+    for i, part in enumerate(parts):
+        table, name, _ = _TABLES[part.level]
+        column = table.c[name]
+        where = [*([] if part.start is None else [column >= sa.bindparam(f"lo{i}")]),
+                 *([] if part.end is None else [column < sa.bindparam(f"hi{i}")])]
+        if filters[0]:
+            where.append(table.c.project.in_(sa.bindparam("projects", expanding=True)))
+        if filters[1]:
+            where.append(table.c.pool == sa.bindparam("pool"))
+        if filters[2]:
+            where.append(table.c.user.in_(sa.bindparam("users", expanding=True)))
+        keys = [table.c[k].label(f"k{j}") for j, k in enumerate(group_by)]
+        select = sa.select(*keys, *((sa.func.sum(table.c[x]) * part.sign).label(x) for x in sums))
+        select = select.where(*where)
+        if keys:
+            select = select.group_by(*keys)
+        selects.append(select)
+    both = sa.union_all(*selects).subquery() if len(selects) > 1 else selects[0].subquery()
+    keys = [both.c[f"k{j}"] for j in range(len(group_by))]
+    stmt = sa.select(*keys, *(sa.func.sum(both.c[x]) for x in sums))
+    if keys:
+        stmt = stmt.group_by(*keys)
+    stmt = stmt.having(sa.func.sum(both.c.lines) > 0)
+    _READS[shape] = stmt
+    return stmt
 
 
 def rollup_sums(conn: Connection, group_by: Sequence[str], *, since: datetime | None,
                 until: datetime | None, projects: Collection[str] | None, pool: str | None,
                 users: Collection[str] | None, sums: Sequence[str] = SUMS
                 ) -> dict[tuple[str | None, ...], Sums]:
-    """Sums (``sums``, default :data:`SUMS`, in that order) per group of the lines whose bucket
-    starts in [since, until), read from the roll-ups (``group_by`` within :data:`ROLLUP_KEYS`);
-    the filters as ``Ledger.cost_sums`` takes them. Groups of no line are left out."""
-    span = buckets(since, until, months="day" not in group_by)  # a month has no day key
-    out: dict[tuple[str | None, ...], Sums] = {}
-    parts: list[tuple[sa.Table, list[sa.ColumnElement[bool]]]] = []
-    if span.months is not None:
-        t = T.cost_rollup_months
-        parts.append((t, _range(t.c.month, span.months, "%Y-%m")))
-    for days in span.days:
-        t = T.cost_rollup_days
-        parts.append((t, _range(t.c.day, days, "%Y-%m-%d")))
-    for lo, hi in span.hours:
-        t = T.cost_rollup_hours
-        parts.append((t, [t.c.period_start >= lo, t.c.period_start < hi]))
+    """Sums (``sums``, default :data:`SUMS`, in that order; ``lines`` among them) per group of the
+    lines whose bucket starts in [since, until), read from the roll-ups (``group_by`` within
+    :data:`ROLLUP_KEYS`; a grouping by day reads no month) in one statement; the filters as
+    ``Ledger.cost_sums`` takes them. Groups of no line (all gone, or a month's lines all in the
+    days taken away) are left out."""
+    if "lines" not in sums:
+        raise ValueError("sums: needs lines (groups of no line are left out by it)")
+    lo = None if since is None else _hour_ceil(since)
+    hi = None if until is None else _hour_ceil(until)
+    parts = cover(lo, hi, Level.DAY if "day" in group_by else Level.MONTH)
+    if not parts:
+        return {}
+    params: dict[str, Any] = {}
+    for i, part in enumerate(parts):
+        if part.start is not None:
+            params[f"lo{i}"] = _bound(part, part.start)
+        if part.end is not None:
+            params[f"hi{i}"] = _bound(part, part.end)
+    if projects is not None:
+        wanted = set(projects)
+        if NO_PROJECT in wanted:  # "-": nodes launched for none, and jobs of none
+            wanted.add(_NONE)
+        params["projects"] = sorted(wanted)
+    if pool is not None:
+        params["pool"] = pool
+    if users is not None:
+        params["users"] = sorted(users)
+    stmt = _read(parts, group_by, sums, (projects is not None, pool is not None,
+                                         users is not None))
     width = len(group_by)
-    for table, where in parts:
-        keys = [table.c[k].label(f"k{i}") for i, k in enumerate(group_by)]
-        query = sa.select(*keys, *(sa.func.sum(table.c[s]) for s in sums)) \
-            .where(*where, *_filters(table, projects, pool, users))
-        if keys:
-            query = query.group_by(*keys)
-        query = query.having(sa.func.sum(table.c.lines) > 0)
-        # Plain tuples from the driver: no Row mapping per group.
-        for row in conn.execute(query):
-            key = tuple(_key(k, row[i]) for i, k in enumerate(group_by))
-            values = [int(v or 0) for v in row[width:]]
-            have = out.get(key)
-            out[key] = values if have is None else [a + b for a, b in zip(have, values,
-                                                                          strict=True)]
+    out: dict[tuple[str | None, ...], Sums] = {}
+    for row in conn.execute(stmt, params):
+        key = tuple(_key(k, row[i]) for i, k in enumerate(group_by))
+        out[key] = [int(v or 0) for v in row[width:]]
     return out
+
+
+def _hour_ceil(moment: datetime) -> datetime:
+    moment = moment.astimezone(UTC)
+    floor = moment.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == moment else floor + _HOUR
 
 
 def _key(name: str, value: Any) -> str | None:
@@ -295,20 +365,5 @@ def _key(name: str, value: Any) -> str | None:
     return str(value)
 
 
-def _filters(table: sa.Table, projects: Collection[str] | None, pool: str | None,
-             users: Collection[str] | None) -> list[sa.ColumnElement[bool]]:
-    where = []
-    if projects is not None:
-        wanted = set(projects)
-        if NO_PROJECT in wanted:  # "-": nodes launched for none, and jobs of none
-            wanted.add(_NONE)
-        where.append(table.c.project.in_(sorted(wanted)))
-    if pool is not None:
-        where.append(table.c.pool == pool)
-    if users is not None:
-        where.append(table.c.user.in_(sorted(users)))
-    return where
-
-
-__all__ = ["ROLLUP_KEYS", "SUMS", "Buckets", "apply_changes", "buckets", "line_sums",
-           "lock_subject", "rebuild", "rollup_sums", "spans"]
+__all__ = ["ROLLUP_KEYS", "SUMS", "Level", "Part", "apply_changes", "cover", "line_sums",
+           "lock_subject", "rebuild", "rollup_sums"]

@@ -19,7 +19,7 @@ from orchestrator.costs.spend import WindowLines, spend
 from orchestrator.domain.costs import NO_PROJECT, CostKind, CostLine
 from orchestrator.store import Store
 from orchestrator.store import tables as T
-from orchestrator.store.rollups import buckets, spans
+from orchestrator.store.rollups import Level, Part, cover
 
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -158,19 +158,6 @@ def test_reports_from_roll_ups_equal_the_sum_of_lines(
     assert rollup_rows(store) == before
 
 
-def test_window_spans_cover_exactly_the_buckets_of_the_window() -> None:
-    since, until = T0 + timedelta(hours=5, minutes=1), T0 + timedelta(days=3, hours=2)
-    days, edges = spans(since, until)
-    assert days == (T0 + timedelta(days=1), T0 + timedelta(days=3))
-    assert edges == [(T0 + 6 * H, T0 + timedelta(days=1)),
-                     (T0 + timedelta(days=3), T0 + timedelta(days=3, hours=2, minutes=0))]
-    assert spans(T0 + 30 * H, T0 + 40 * H) == (None, [(T0 + 30 * H, T0 + 40 * H)])
-    assert spans(T0 + 30 * H + timedelta(minutes=1), T0 + 30 * H + timedelta(minutes=2)) \
-        == (None, [])
-    assert spans(None, None) == ((None, None), [])
-    assert spans(None, T0 + 5 * H) == ((None, T0), [(T0, T0 + 5 * H)])
-
-
 def test_a_quarter_reads_months_days_and_hours_equal_to_the_lines(store: Store) -> None:
     """Lines in every hour bucket kind of a window over three months: the roll-ups' sums (whole
     months, edge days, edge hours; and by day, which reads no month) equal the lines'."""
@@ -193,19 +180,53 @@ def test_a_quarter_reads_months_days_and_hours_equal_to_the_lines(store: Store) 
     assert sum(s.lines for s in store.cost_sums([])) == len(lines)
 
 
-def test_window_buckets_read_whole_months_then_days_then_hours() -> None:
+def _hours_of(part: Part, lo: datetime, hi: datetime) -> range:
+    """The hour indexes (from ``lo``) a part's buckets hold, an unbounded side cut at lo/hi."""
+    start = lo if part.start is None else part.start
+    end = hi if part.end is None else part.end
+    return range(int((start - lo) / H), int((end - lo) / H))
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.one_of(st.none(), st.integers(0, 24 * 120)),
+       b=st.one_of(st.none(), st.integers(0, 24 * 120)), by_day=st.booleans())
+def test_a_window_is_covered_exactly_once_by_its_signed_parts(
+        a: int | None, b: int | None, by_day: bool) -> None:
+    """Every hour bucket of the window counted once, every other bucket zero times, whatever the
+    window (whole months, days, hours, unbounded sides); never coarser than asked."""
+    base = datetime(2024, 12, 1, tzinfo=UTC)  # 120 days over a year's end and a leap February
+    lo = None if a is None else base + a * H
+    hi = None if b is None else base + b * H
+    level = Level.DAY if by_day else Level.MONTH
+    parts = cover(lo, hi, level)
+    outer_lo, outer_hi = base - timedelta(days=70), base + timedelta(days=200)
+    counts = [0] * int((outer_hi - outer_lo) / H)
+    for part in parts:
+        assert part.level <= level
+        for h in _hours_of(part, outer_lo, outer_hi):
+            counts[h] += part.sign
+    for h, n in enumerate(counts):
+        moment = outer_lo + h * H
+        inside = (lo is None or moment >= lo) and (hi is None or moment < hi)
+        assert n == (1 if inside else 0), (moment, parts)
+
+
+def test_a_quarter_reads_a_few_buckets() -> None:
     m = lambda month, day=1, hour=0: datetime(2025, month, day, hour, tzinfo=UTC)  # noqa: E731
-    span = buckets(m(1, 30, 5), m(4, 2, 3))
-    assert span.months == (m(2), m(4))
-    assert span.days == [(m(1, 31), m(2)), (m(4), m(4, 2))]
-    assert span.hours == [(m(1, 30, 5), m(1, 31)), (m(4, 2), m(4, 2, 3))]
-    assert buckets(m(2), m(3)).months == (m(2), m(3)) and buckets(m(2), m(3)).days == []
-    assert buckets(m(2, 2), m(3)).months is None  # no whole month: the days
-    assert buckets(m(2, 2), m(3)).days == [(m(2, 2), m(3))]
-    assert buckets(None, m(3, 5)).months == (None, m(3))
-    assert buckets(None, m(3, 5)).days == [(m(3), m(3, 5))]
-    assert buckets(m(1, 30, 5), m(4, 2, 3), months=False).days == [(m(1, 31), m(4, 2))]
-    assert buckets(m(2, 1, 1), m(2, 1, 5)) == type(span)(None, [], [(m(2, 1, 1), m(2, 1, 5))])
+    # 91 days to November 30: August 31, September, October, and November less its 30th.
+    assert cover(datetime(2026, 8, 31, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC)) == [
+        Part(Level.MONTH, datetime(2026, 9, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)),
+        Part(Level.DAY, datetime(2026, 8, 31, tzinfo=UTC), datetime(2026, 9, 1, tzinfo=UTC)),
+        Part(Level.MONTH, datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)),
+        Part(Level.DAY, datetime(2026, 11, 30, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC),
+             -1)]
+    # March to the 20th at 14:00: the month less the 11 days after the 20th and the 20th's last
+    # 10 hours (22 buckets), not the 19 days and 14 hours up to it (33).
+    assert sum(p.buckets for p in cover(m(3), m(3, 20, 14))) == 22
+    assert cover(m(3), m(4)) == [Part(Level.MONTH, m(3), m(4))]
+    assert cover(m(3, 5, 2), m(3, 5, 4)) == [Part(Level.HOUR, m(3, 5, 2), m(3, 5, 4))]
+    assert cover(None, None) == [Part(Level.MONTH, None, None)]
+    assert cover(m(3, 5), m(3, 7), Level.DAY) == [Part(Level.DAY, m(3, 5), m(3, 7))]
 
 
 def test_racing_writers_keep_the_roll_ups_exact(store: Store) -> None:
