@@ -162,15 +162,15 @@ def _file_specs(path: Path, now: datetime) -> list:
 
 def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                    as_json: Annotated[bool, typer.Option("--json", help="Print pools, policies, queue, nodes and capacity blocks as one JSON object.")] = False,
-                   all_nodes: Annotated[bool, typer.Option("--all", help="Include terminated nodes.")] = False,
-                   limit: Annotated[int, typer.Option("--limit", min=0, help="List at most this many pending jobs, first in service order (the pools' figures count every job).")] = 1000) -> None:
+                   all_nodes: Annotated[bool, typer.Option("--all", help="List every burst node, terminated ones included (default: the first --limit nodes not terminated; the counts cover them all).")] = False,
+                   limit: Annotated[int, typer.Option("--limit", min=0, help="List at most this many pending jobs, first in service order, and as many burst nodes, oldest first (the pools' and nodes' figures count every one).")] = 1000) -> None:
     """Show the queue (and what holds each pending job), on-prem usage, each policy's last
     decision, limits and budgets, and every burst node."""
     from rich.table import Table
     from rich.text import Text
 
     from orchestrator.cli.status_why import job_reasons, overview_tables, policy_overview
-    from orchestrator.domain.jobs import NO_USER_LABEL, JobState
+    from orchestrator.domain.jobs import NO_USER_LABEL, JobState, Placement
     from orchestrator.domain.nodes import NodeState
     from orchestrator.domain.utilisation import low_utilisation
     from orchestrator.sources.builtin import BuiltinQueue
@@ -180,28 +180,42 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     store = open_store(settings)
     now = datetime.now(UTC)
     # Figures from grouped counts; only the first --limit pending jobs are read.
-    pools_summary = BuiltinQueue(store, policies).summary()
-    nodes = store.nodes(include_terminated=all_nodes)
+    running_jobs = store.running_jobs()  # light rows: 11,000 of them at 10,000 nodes
+    pools_summary = BuiltinQueue(store, policies).summary(running_jobs)
+    # Nodes: counted by SQL (per pool, state and offering), the first --limit listed (--all:
+    # every one, terminated included), so a site of 10,000 nodes prints a page, not a book.
+    node_counts = store.node_counts(include_terminated=all_nodes)
+    nodes_total = sum(c.nodes for c in node_counts)
+    nodes = store.nodes(include_terminated=all_nodes, limit=None if all_nodes else limit)
     busy = store.gpus_busy_by_node()
     blocks = store.capacity_blocks(now)
     pending = store.jobs(states=[JobState.PENDING], limit=limit)
     pending_total = sum(q.pending_jobs for q in pools_summary)
-    on_nodes = {n.id: n for n in nodes}
-    running_here = [j for j in store.jobs(states=[JobState.RUNNING]) if j.node_id in on_nodes]
-    uses = {u.job_id: u for u in store.job_utilisation([j.id for j in running_here])}
-    overview, latest = policy_overview(store, policies, now)
-    store.close()
     idle_for = {p.name: p.utilisation.idle_for for p in policies}
 
     def flagged(since, policy_name: str) -> bool:
         return policy_name in idle_for and low_utilisation(since, idle_for[policy_name], now)
 
+    # Jobs with idle GPUs, on any burst node (listed or not): the running jobs as light rows,
+    # their measured use, and the nodes of those measured low (read one by one: few).
+    running_burst = [j for j in running_jobs
+                     if j.placement is Placement.BURST and j.node_id is not None]
+    uses = {u.job_id: u for u in store.job_utilisation([j.id for j in running_burst])}
+    low_running = [j for j in running_burst if j.id in uses and uses[j.id].low_since is not None]
+    hosts = {n.id: n for n in nodes}
+    for node_id in {j.node_id for j in low_running} - hosts.keys():
+        host = store.get_node(node_id)
+        if host is not None and (all_nodes or host.state is not NodeState.TERMINATED):
+            hosts[node_id] = host
+    overview, latest = policy_overview(store, policies, now)
+    store.close()
+
     low_jobs = [{
         "id": j.id, "project": j.project, "node": j.node_id, "gpus": j.gpus,
         "gpu_utilisation_percent": uses[j.id].mean_utilisation_percent,
         "low_since": uses[j.id].low_since.isoformat(),
-    } for j in running_here if j.id in uses
-        and flagged(uses[j.id].low_since, on_nodes[j.node_id].policy)]
+    } for j in low_running if j.node_id in hosts
+        and flagged(uses[j.id].low_since, hosts[j.node_id].policy)]
     reasons = job_reasons(pending, policies, latest)
     loop = running.read(settings.state_dir)
     data = {
@@ -232,6 +246,10 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                                       if n.low_utilisation_since else None),
             "low_utilisation": flagged(n.low_utilisation_since, n.policy),
         } for n in nodes],
+        "nodes_listed": len(nodes),
+        "nodes_total": nodes_total,
+        "node_counts": [{"pool": c.pool, "state": str(c.state), "offering": c.offering_key,
+                         "nodes": c.nodes, "gpus": c.gpus} for c in node_counts],
         "low_utilisation_jobs": low_jobs,
         "capacity_blocks": [{"offering": b.offering_key, "until": b.until.isoformat(), "reason": b.reason}
                             for b in blocks],
@@ -262,7 +280,22 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
             queue.add_row(j["id"], j["project"], j["user"] or NO_USER_LABEL, str(j["gpus"]),
                           str(j["priority"]), age(j["wait_s"]), j["held_back"]["text"])
         out.print(queue)
-    table = Table(title=f"burst nodes ({len(nodes)})")
+    if node_counts and len(nodes) < nodes_total:
+        # Per pool and state here (the JSON has them per offering too: hundreds of rows).
+        by_state: dict[tuple[str, str], list[int]] = {}
+        for c in node_counts:
+            tally = by_state.setdefault((c.pool, str(c.state)), [0, 0, 0])
+            tally[0] += 1
+            tally[1] += c.nodes
+            tally[2] += c.gpus
+        counts = Table(title=f"burst nodes by pool and state ({nodes_total})")
+        for col in ("pool", "state", "offerings", "nodes", "GPUs"):
+            counts.add_column(col)
+        for (pool_name, state), (offerings, count, gpus) in by_state.items():
+            counts.add_row(pool_name, state, str(offerings), str(count), str(gpus))
+        out.print(counts)
+    table = Table(title=f"burst nodes ({nodes_total})" if len(nodes) == nodes_total
+                  else f"burst nodes (the first {len(nodes)} of {nodes_total})")
     for col in ("node", "state", "age", "provider", "offering", "GPUs busy", "GPU util", "$/h",
                 "project"):
         table.add_column(col)
@@ -273,6 +306,9 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
                       f"{n.instance_type} ({n.market})", f"{d['gpus_busy']}/{n.gpus}",
                       _utilisation_cell(d, now), f"{n.price_usd_hour:.2f}", n.project or "-")
     out.print(table)
+    if len(nodes) < nodes_total:
+        out.print(f"... {nodes_total - len(nodes)} more node(s): `burst status --all` lists "
+                  "every one")
     if low_jobs:
         from orchestrator.policy.timefmt import parse_aware
 

@@ -112,11 +112,12 @@ class BuiltinQueue:
             )
         return queues
 
-    def summary(self) -> list[PoolSummary]:
+    def summary(self, running: Sequence[RunningJob] | None = None) -> list[PoolSummary]:
         """Every pool's on-prem use and its pending and running counts, from grouped counts and
-        the running jobs: the pending jobs are not read (``burst status``)."""
+        the running jobs (``running``, as :meth:`Store.running_jobs` read them, or a fresh
+        read): the pending jobs are not read (``burst status``)."""
         counts = self.store.queue_counts()
-        running = self.store.jobs(states=[JobState.RUNNING])
+        running = self.store.running_jobs() if running is None else running
         summaries = []
         for pool, policy in self.pools.items():
             free = self._onprem_free(policy, running)
@@ -131,7 +132,7 @@ class BuiltinQueue:
         """Per burst node: GPUs and jobs running now (from ``read``'s running jobs, or a fresh
         read of them), and, for a node running nothing, when it last finished something (one
         grouped query for all of them)."""
-        running = read.running if read is not None else self.store.jobs(states=[JobState.RUNNING])
+        running = read.running if read is not None else self.store.running_jobs()
         wanted = set(node_ids)
         busy: dict[str, list[int]] = {}
         for job in running:
@@ -313,7 +314,7 @@ class BuiltinQueue:
     def burst_runs(self, read: QueueRead | None = None) -> tuple[BurstRun, ...]:
         """Jobs running on burst nodes now (from ``read``, or a fresh read of the running jobs):
         whose, where, since when, declared for how long."""
-        running = read.running if read is not None else self.store.jobs(states=[JobState.RUNNING])
+        running = read.running if read is not None else self.store.running_jobs()
         return tuple(
             BurstRun(j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)
             for j in running

@@ -79,6 +79,8 @@ class RunningJob:
                    record.placement, record.node_id, record.started_at)
 
 
+_RUNNING_Q = (sa.select(*(T.jobs.c[name] for name in RUNNING_COLUMNS))
+              .where(T.jobs.c.state == JobState.RUNNING.value).order_by(T.jobs.c.id))
 _PLACEMENTS: dict[str | None, Placement | None] = {p.value: p for p in Placement}
 _PLACEMENTS[None] = None
 
@@ -172,16 +174,20 @@ class QueueReads(StoreBase):
         pending_q = (sa.select(*(c[name] for name in PENDING_COLUMNS))
                      .where(c.state == JobState.PENDING.value)
                      .order_by(c.priority.desc(), c.submitted_at, c.id))
-        running_q = (sa.select(*(c[name] for name in RUNNING_COLUMNS))
-                     .where(c.state == JobState.RUNNING.value).order_by(c.id))
         with self._read() as conn:
             # Straight through the driver: the statement's typed result processing costs more
             # per row than reading the row (the one typed pending column, the submit time, is
             # parsed as a whole column: SQLite gives naive UTC text, PostgreSQL an aware
             # datetime).
             pending = pending_by_pool(driver_rows(conn, pending_q), conn.dialect.name)
-            running = [_running_job(r) for r in driver_rows(conn, running_q)]
+            running = [_running_job(r) for r in driver_rows(conn, _RUNNING_Q)]
         return QueueRead(at, pending, running)
+
+    def running_jobs(self) -> list[RunningJob]:
+        """Every running job of the built-in queue as a light row, by id (what on-prem
+        capacity, node usage and burst runs read; ``burst status`` at 10,000 nodes)."""
+        with self._read() as conn:
+            return [_running_job(r) for r in driver_rows(conn, _RUNNING_Q)]
 
     def start_onprem(self, job_id: str, version: int, attempts: int, node_id: str,
                      at: datetime) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -52,7 +52,7 @@ from orchestrator.store.usage import Utilisation
 
 # default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
 # re-exported here beside Store.
-__all__ = ["Store", "default_sqlite_url"]
+__all__ = ["NodeCount", "Store", "default_sqlite_url"]
 
 NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Node))
 # Fields update_node must not touch: state (and its clock) only move through save_transition,
@@ -131,6 +131,17 @@ def _event_from_row(row: sa.Row[Any]) -> NodeEvent:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class NodeCount:
+    """How many nodes (and GPUs) of a pool are in a state on an offering."""
+
+    pool: str
+    state: NodeState
+    offering_key: str
+    nodes: int
+    gpus: int
+
+
 _NODE_COLUMNS = [T.nodes.c[name] for name in NODE_FIELDS]
 _DECISION_COLUMNS = [T.decisions.c.record, T.decisions.c.repeats, T.decisions.c.last_seen_at]
 
@@ -191,9 +202,10 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
         policy: str | None = None,
         states: Iterable[NodeState] | None = None,
         include_terminated: bool = False,
+        limit: int | None = None,
     ) -> list[Node]:
-        """Nodes by creation order. Terminated nodes are left out unless ``include_terminated``
-        or ``states`` names TERMINATED explicitly."""
+        """Nodes by creation order (the first ``limit`` of them, if given). Terminated nodes are
+        left out unless ``include_terminated`` or ``states`` names TERMINATED explicitly."""
         c = T.nodes.c
         query = sa.select(*_NODE_COLUMNS).order_by(c.created_at, c.id)
         if policy is not None:
@@ -203,8 +215,23 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
             query = query.where(c.state.in_(sorted(s.value for s in wanted)))
         elif not include_terminated:
             query = query.where(c.state != NodeState.TERMINATED.value)
+        if limit is not None:
+            query = query.limit(int(limit))
         with self._read() as conn:
             return [_node_from_driver(r) for r in driver_rows(conn, query)]
+
+    def node_counts(self, include_terminated: bool = False) -> list[NodeCount]:
+        """Nodes and their GPUs per (pool, state, offering), by SQL ``GROUP BY``: the figures
+        ``burst status`` shows for every node while it lists only the first few."""
+        c = T.nodes.c
+        query = (sa.select(c.pool, c.state, c.offering_key, sa.func.count(), sa.func.sum(c.gpus))
+                 .group_by(c.pool, c.state, c.offering_key)
+                 .order_by(c.pool, c.state, c.offering_key))
+        if not include_terminated:
+            query = query.where(c.state != NodeState.TERMINATED.value)
+        with self._read() as conn:
+            return [NodeCount(pool, NodeState(state), offering, int(nodes), int(gpus or 0))
+                    for pool, state, offering, nodes, gpus in conn.execute(query)]
 
     def save_transition(self, old: Node, new: Node, event: NodeEvent) -> bool:
         """Write ``new`` (from ``lifecycle.transition(old, ...)``) if the stored node is still at
