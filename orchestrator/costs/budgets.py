@@ -15,7 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.costs.spend import WindowLines, burn_of, spend
+from orchestrator.costs.spend import WindowSpend
+from orchestrator.domain.nodes import NodeState
 from orchestrator.planner.budgets import (
     MICRO,
     grade_in_force,
@@ -84,21 +85,28 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     policies = list(policies)
     if not any(p.budgets for p in policies):
         return []
+    # Read once for every budget: the live nodes (burn rate and commitments), the accrual of
+    # the nodes the ledger has not caught up with, and the lines of each window (one grouped
+    # roll-up read per window); each summed per (pool, project) once, so a budget adds up a few
+    # groups instead of going over every node.
     live = store.nodes()  # every node not terminated, of any policy (budgets cover a pool)
-    # Read once for every budget, as the planner's budget_spend does (a read per budget scanned
-    # every node once per budget); the burn rate from the same live nodes.
-    accrual = store.ledger_accrual_nodes()
-    window_lines = WindowLines(store)  # one grouped read of the ledger per budget window
+    spent_in = WindowSpend(store, store.ledger_accrual_nodes(), now)
+    burns: dict[tuple[str, str | None], Decimal] = {}
+    commits: dict[tuple[str, str | None], Decimal] = {}
+    for node in live:
+        group = (node.pool, node.project)
+        if node.state != NodeState.TERMINATED:
+            burns[group] = burns.get(group, Decimal(0)) + Decimal(str(node.price_usd_hour))
+        commits[group] = commits.get(group, Decimal(0)) + outstanding_usd(node, now)
     out = []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
-            spent = spend(store, since=start, until=end, now=now, pool=pool, project=budget.project,
-                          accrual=accrual, lines=window_lines(start, end))
-            burn = burn_of(live, pool=pool, project=budget.project)
-            committed = sum((outstanding_usd(n, now) for n in live
-                             if in_scope(budget, pool, n.pool, n.project)), Decimal(0))
+            spent = spent_in(since=start, until=end, pool=pool, project=budget.project)
+            scope = [g for g in commits if in_scope(budget, pool, g[0], g[1])]
+            burn = sum((burns.get(g, Decimal(0)) for g in scope), Decimal(0))
+            committed = sum((commits[g] for g in scope), Decimal(0))
             used = spent + committed
             left_s = max(Decimal(str((end - max(now, start)).total_seconds())), Decimal(0))
             percent = used_percent(used, budget.limit_usd)

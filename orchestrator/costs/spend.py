@@ -20,7 +20,6 @@ from decimal import Decimal
 from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
 from orchestrator.costs.ledger import DEFAULT_BILLING
 from orchestrator.domain.costs import NO_PROJECT
-from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.snapshot import BudgetSpend
 from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
@@ -48,22 +47,13 @@ def spend(store: Store, *, since: datetime, until: datetime, now: datetime,
     if lines is None:
         total = store.ledger_cost_micros(since=since, until=until, pool=pool, project=project)
     else:
-        total = sum(v for (p, j), v in lines.items() if (pool is None or p == pool)
-                    and (project is None or j == project or (project == NO_PROJECT and j is None)))
+        total = _lines_of(lines, pool, project)
     if accrual is None:
         nodes = store.ledger_accrual_nodes(pool=pool, project=project)
     else:
         nodes = [n for n in accrual if (pool is None or n.pool == pool)
                  and (project is None or n.project == project)]
-    for node in nodes:
-        end = min(node.ended or now, now, until)
-        start = max(node.covered_through or node.launched, since)
-        if end <= start:
-            continue
-        span = micros(start, end)
-        if node.covered_through is None and start == node.launched:
-            span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum too
-        total += usd_micros(rate(node.price_usd_hour), span)
+    total += sum(_accrued_micros(node, since, until, now) for node in nodes)
     return Decimal(total) / _MICROS
 
 
@@ -85,20 +75,66 @@ class WindowLines:
         return self._windows[key]
 
 
+class WindowSpend:
+    """:func:`spend` of many budgets at one ``now``: the ledger's lines per (pool, project) of
+    each window (:class:`WindowLines`, one read per window) and the accrual of ``accrual``'s
+    nodes (read once for all budgets) summed per (pool, project) once per window, so a budget
+    adds up a few groups instead of going over every node. Exact: the same integer
+    micro-dollars as :func:`spend`, added in another order."""
+
+    def __init__(self, store: Store, accrual: list[AccrualNode], now: datetime) -> None:
+        self._lines = WindowLines(store)
+        self._accrual = accrual
+        self._now = require_aware(now, "now")
+        self._accrued: dict[tuple[datetime, datetime],
+                            dict[tuple[str, str | None], int]] = {}
+
+    def accrued(self, since: datetime, until: datetime) -> dict[tuple[str, str | None], int]:
+        """Micro-dollars accrued in [since, min(now, until)) per (pool, project) of the nodes."""
+        key = (since, until)
+        if key not in self._accrued:
+            groups: dict[tuple[str, str | None], int] = {}
+            for node in self._accrual:
+                micros_ = _accrued_micros(node, since, until, self._now)
+                if micros_:
+                    group = (node.pool, node.project)
+                    groups[group] = groups.get(group, 0) + micros_
+            self._accrued[key] = groups
+        return self._accrued[key]
+
+    def __call__(self, *, since: datetime, until: datetime, pool: str | None = None,
+                 project: str | None = None) -> Decimal:
+        """USD spent by ``pool`` and ``project`` in [since, until), as :func:`spend` counts it."""
+        total = _lines_of(self._lines(since, until), pool, project)
+        total += sum(v for (p, j), v in self.accrued(since, until).items()
+                     if (pool is None or p == pool) and (project is None or j == project))
+        return Decimal(total) / _MICROS
+
+
+def _lines_of(lines: Mapping[tuple[str | None, str | None], int], pool: str | None,
+              project: str | None) -> int:
+    return sum(v for (p, j), v in lines.items() if (pool is None or p == pool)
+               and (project is None or j == project or (project == NO_PROJECT and j is None)))
+
+
+def _accrued_micros(node: AccrualNode, since: datetime, until: datetime, now: datetime) -> int:
+    """What ``node`` cost in the window past where its lines reach (up to ``now``)."""
+    end = min(node.ended or now, now, until)
+    start = max(node.covered_through or node.launched, since)
+    if end <= start:
+        return 0
+    span = micros(start, end)
+    if node.covered_through is None and start == node.launched:
+        span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum too
+    return usd_micros(rate(node.price_usd_hour), span)
+
+
 def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | None = None
                        ) -> Decimal:
     """USD per hour of the nodes not yet terminated (each at its price captured at launch), of
     ``pool`` and launched for ``project`` when given."""
     prices = store.live_node_prices(pool=pool, project=project)
     return sum((Decimal(str(p)) for p in prices), Decimal(0))
-
-
-def burn_of(live: Iterable[Node], *, pool: str | None = None, project: str | None = None
-            ) -> Decimal:
-    """:func:`burn_rate_usd_hour` of nodes read already (``live``: the nodes not terminated)."""
-    return sum((Decimal(str(n.price_usd_hour)) for n in live
-                if (pool is None or n.pool == pool) and (project is None or n.project == project)
-                and n.state != NodeState.TERMINATED), Decimal(0))
 
 
 def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
@@ -111,20 +147,34 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     """
     out: dict[str, BudgetSpend] = {}
     policies = list(policies)
-    # Read once for every budget (a read per budget scanned every node once per budget).
-    accrual = store.ledger_accrual_nodes() if any(p.budgets for p in policies) else []
-    window_lines = WindowLines(store)
+    if not any(p.budgets for p in policies):
+        return out
+    # Read once for every budget: the accrual of the nodes the ledger has not caught up with,
+    # the lines of each window, and the live nodes' prices (a read per budget scanned every
+    # node once per budget).
+    spent_in = WindowSpend(store, store.ledger_accrual_nodes(), now)
+    burns = burn_by_group(store.live_node_prices_by_group())
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
-            spent = spend(store, since=start, until=end, now=now, pool=pool,
-                          project=budget.project, accrual=accrual,
-                          lines=window_lines(start, end))
-            burn = burn_rate_usd_hour(store, pool=pool, project=budget.project)
+            spent = spent_in(since=start, until=end, pool=pool, project=budget.project)
+            burn = sum((v for (p, j), v in burns.items()
+                        if p == pool and (budget.project is None or j == budget.project)),
+                       Decimal(0))
             out[budget_key(policy.name, budget.name)] = BudgetSpend(
                 spent_usd=spent, burn_usd_hour=burn, window_start=start, window_end=end)
     return out
 
 
-__all__ = ["WindowLines", "budget_spend", "burn_of", "burn_rate_usd_hour", "spend"]
+def burn_by_group(prices: Mapping[tuple[str, str | None], list[float]]
+                  ) -> dict[tuple[str, str | None], Decimal]:
+    """USD per hour per (pool, project) of the live nodes' prices as
+    ``Store.live_node_prices_by_group`` reads them (each price as :func:`burn_rate_usd_hour`
+    adds it)."""
+    return {group: sum((Decimal(str(p)) for p in ps), Decimal(0))
+            for group, ps in prices.items()}
+
+
+__all__ = ["WindowLines", "WindowSpend", "budget_spend", "burn_by_group",
+           "burn_rate_usd_hour", "spend"]

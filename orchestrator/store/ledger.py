@@ -391,35 +391,58 @@ class Ledger(StoreBase):
     def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None
                              ) -> list[AccrualNode]:
         """Launched nodes whose ledger is not final through their end, with how far their lines
-        reach: what budgets add on top of the lines while the roll-up lags."""
-        candidates = [n for n in self.ledger_candidates()
-                      if n.launched is not None and (pool is None or n.pool == pool)
-                      and (project is None or n.project == project)]
-        if not candidates:
-            return []
-        covered: dict[str, datetime] = {}
+        reach: what budgets add on top of the lines while the roll-up lags. One statement for
+        every such node (its launch and end from its events, its lines' reach past its mark, each
+        through its index), read once for all budgets: no node record, no other node."""
+        n, m, e = T.nodes.c, T.ledger_marks.c, T.node_events.c
+        at = sa.type_coerce(e.at, T.UtcDateTime())
+
+        def first_event(state: NodeState) -> Any:
+            return sa.type_coerce(
+                sa.select(sa.func.min(at)).where(e.node_id == n.id, e.to_state == state.value)
+                .scalar_subquery(), T.UtcDateTime())
+
+        reach = sa.type_coerce(
+            sa.select(sa.func.max(_c.period_end))
+            .where(_c.subject == n.id,
+                   sa.or_(m.final_through.is_(None), _c.period_start >= m.final_through))
+            .scalar_subquery(), T.UtcDateTime())
+        query = (
+            sa.select(n.id, n.project, n.price_usd_hour, n.pool, m.final_through,
+                      first_event(NodeState.LAUNCHING).label("launched"),
+                      first_event(NodeState.TERMINATED).label("ended"), reach.label("reach"))
+            .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id))
+            .where(sa.or_(n.state != NodeState.TERMINATED.value, m.final_through.is_(None),
+                          m.final_through < n.state_since))
+            .order_by(n.created_at, n.id))
+        if pool is not None:
+            query = query.where(n.pool == pool)
+        if project is not None:
+            query = query.where(n.project == project)
         with self._read() as conn:
-            marked = {n.node_id: n.mark for n in candidates if n.mark is not None}
-            m = T.ledger_marks.c
-            for chunk in _chunks(sorted(marked)):
-                # One grouped query per chunk (not one per node): the reach past each mark.
-                query = (sa.select(_c.subject, sa.func.max(_c.period_end).label("reach"))
-                         .join(T.ledger_marks, m.subject == _c.subject)
-                         .where(_c.subject.in_(chunk), _c.period_start >= m.final_through)
-                         .group_by(_c.subject))
-                reach = {r.subject: r.reach for r in conn.execute(query)}
-                for node_id in chunk:
-                    mark, lines_reach = marked[node_id], reach.get(node_id)
-                    covered[node_id] = max(mark, lines_reach) if lines_reach is not None else mark
-            unmarked = [n.node_id for n in candidates if n.mark is None]
-            for chunk in _chunks(unmarked):
-                query = sa.select(_c.subject, sa.func.max(_c.period_end).label("reach")) \
-                    .where(_c.subject.in_(chunk)).group_by(_c.subject)
-                for r in conn.execute(query):
-                    covered[r.subject] = r.reach
-        return [AccrualNode(n.node_id, n.project, n.price_usd_hour,
-                            n.launched,  # type: ignore[arg-type]  # filtered above
-                            n.ended, covered.get(n.node_id), n.pool) for n in candidates]
+            rows = conn.execute(query).all()
+        out = []
+        for r in rows:
+            if r.launched is None:
+                continue  # never launched: costs nothing yet
+            mark = r.final_through
+            covered = r.reach if mark is None else (mark if r.reach is None or r.reach < mark
+                                                    else r.reach)
+            out.append(AccrualNode(r.id, r.project, r.price_usd_hour, r.launched, r.ended,
+                                   covered, r.pool))
+        return out
+
+    def live_node_prices_by_group(self) -> dict[tuple[str, str | None], list[float]]:
+        """Hourly prices of the nodes not yet terminated per (pool, project launched for): what
+        every budget's burn rate adds up, in one read."""
+        n = T.nodes.c
+        query = sa.select(n.pool, n.project, n.price_usd_hour) \
+            .where(n.state != NodeState.TERMINATED.value)
+        out: dict[tuple[str, str | None], list[float]] = {}
+        with self._read() as conn:
+            for pool, project, price in conn.execute(query):
+                out.setdefault((pool, project), []).append(float(price))
+        return out
 
     def live_node_prices(self, *, pool: str | None = None, project: str | None = None
                          ) -> list[float]:
