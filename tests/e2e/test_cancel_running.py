@@ -1,6 +1,7 @@
 """Cancelling running jobs as a user does it, against the embedded loop (`burst run`, local
 provider): a job on a burst node is stopped by the node's agent and the idle node is drained and
-terminated as after any job; a job running on-prem frees its GPUs."""
+terminated as after any job; a job running on-prem frees its GPUs. The loop is a `burst run`
+process; submit, cancel and status run in-process (run_burst_here)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from orchestrator.store import Store, default_sqlite_url
 from tests.e2e.helpers import (
     FAST_POLICY,
     burst_cmd,
-    burst_json,
+    burst_json_here,
     free_port,
     kill_all,
-    run_burst,
+    run_burst_here,
     wait_for,
 )
 
@@ -41,10 +42,10 @@ def test_cancel_stops_a_burst_job_through_its_agent_and_the_node_goes(tmp_path: 
     pids = tmp_path / "pids"
     pids.mkdir()
     # Two 4-GPU jobs, one on-prem GPU node of 4: one runs on-prem, the other on a burst node.
-    run_burst("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
-              "--duration", "10m", "--count", "2", "--command",
-              f"echo $$ > {pids}/$BURST_JOB_ID.pid; exec sleep 600",
-              env=env, check=True)
+    run_burst_here("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
+                   "--duration", "10m", "--count", "2", "--command",
+                   f"echo $$ > {pids}/$BURST_JOB_ID.pid; exec sleep 600",
+                   env=env, check=True)
     log = (tmp_path / "loop.log").open("ab")
     loop = subprocess.Popen(burst_cmd("run", "--policy", str(FAST_POLICY), "--tick", "1"),
                             env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
@@ -58,10 +59,11 @@ def test_cancel_stops_a_burst_job_through_its_agent_and_the_node_goes(tmp_path: 
             placed = wait_for(running, 120, what="one job on-prem and one on a burst node")
             burst, onprem = placed[Placement.BURST], placed[Placement.ONPREM]
         
-            [pid_file] = list(pids.glob("*.pid"))
+            # The job is running in the store a moment before its command has written its pid.
+            [pid_file] = wait_for(lambda: list(pids.glob("*.pid")), 30, what="the job's pid file")
             job_pid = int(wait_for(lambda: pid_file.read_text().strip(), 30, what="its pid"))
 
-            result = run_burst("cancel", burst.id, onprem.id, env=env)
+            result = run_burst_here("cancel", burst.id, onprem.id, env=env)
             assert result.returncode == 0, result.stderr
             assert f"cancelled {burst.id} (running on {burst.node_id}" in result.stdout
             wait_for(lambda: _gone(job_pid), 120, what="the agent to stop the cancelled job")
@@ -75,7 +77,7 @@ def test_cancel_stops_a_burst_job_through_its_agent_and_the_node_goes(tmp_path: 
             assert {store.get_job(j.id).state for j in (burst, onprem)} == {JobState.CANCELLED}
             [run] = store.job_runs(job_id=burst.id)
             assert run.outcome == "cancelled"
-        pools = burst_json("status", "--policy", str(FAST_POLICY), env=env)["pools"]
+        pools = burst_json_here("status", "--policy", str(FAST_POLICY), env=env)["pools"]
         assert pools[0]["onprem_gpus_busy"] == 0 and pools[0]["running_onprem_jobs"] == 0
     finally:
         os.killpg(loop.pid, signal.SIGTERM)

@@ -5,6 +5,10 @@ node agent) run jobs, stays down for longer than ``timeouts.heartbeat``, and is 
 agents were alive all along; only the controller was absent. So: no node is failed as
 heartbeat-lost, no running job is killed or run again (each job's command writes a marker line
 per execution), and every job ends done.
+
+The loops are `burst run` processes; submit and the status polls run in-process (run_burst_here),
+which leaves the 2-core machine's CPU to the loop and the nodes instead of an interpreter start
+per poll.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.store import Store, default_sqlite_url
-from tests.e2e.helpers import burst_cmd, burst_json, free_port, kill_all, run_burst, wait_for
+from tests.e2e.helpers import burst_cmd, burst_json_here, free_port, kill_all, run_burst_here, wait_for
 
 pytestmark = pytest.mark.slow
 
 HEARTBEAT_S = 6
+POLL_S = 0.5  # between status polls: each is a whole `burst status` in this process
 
 POLICY = f"""\
 # Outage test: second-scale timings, a tight heartbeat timeout.
@@ -68,17 +73,17 @@ def test_restart_after_an_outage_longer_than_the_heartbeat_timeout_keeps_healthy
     # One job fills the on-prem node; the other two burst, each onto a node of its own.
     command = (f'echo "$BURST_JOB_ID" >> {markers}/started; sleep 25; '
                f'echo "$BURST_JOB_ID" >> {markers}/finished')
-    run_burst("submit", "--policy", str(policy), "--project", "research", "--gpus", "4",
-              "--duration", "25s", "--command", command, "--count", "3", env=env, check=True)
+    run_burst_here("submit", "--policy", str(policy), "--project", "research", "--gpus", "4",
+                   "--duration", "25s", "--command", command, "--count", "3", env=env, check=True)
     log = tmp_path / "loop.log"
 
     def status() -> dict:
-        return burst_json("status", "--policy", str(policy), "--all", env=env)
+        return burst_json_here("status", "--policy", str(policy), "--all", env=env)
 
     loop = start_loop(env, policy, log)
     try:
         wait_for(lambda: sum(p["running_burst_jobs"] for p in status()["pools"]) >= 2, 90,
-                 what="two jobs running on burst nodes")
+                 interval=POLL_S, what="two jobs running on burst nodes")
     finally:
         os.killpg(loop.pid, signal.SIGKILL)
         loop.wait(timeout=10)
@@ -93,7 +98,7 @@ def test_restart_after_an_outage_longer_than_the_heartbeat_timeout_keeps_healthy
             alive = [n for n in s["nodes"] if n["state"] != "terminated"]
             return s if left == 0 and not alive else None
 
-        wait_for(finished, 150, what="every job done and every node scaled down")
+        wait_for(finished, 150, interval=POLL_S, what="every job done and every node scaled down")
     finally:
         restarted.send_signal(signal.SIGTERM)
         restarted.wait(timeout=30)

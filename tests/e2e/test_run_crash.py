@@ -4,6 +4,10 @@ The crash test is the DESIGN.md invariant "a crash at any line is recovered by r
 the loop is killed with SIGKILL while nodes are booting or running jobs, the node processes keep
 running (they are separate instances), and a new `burst run` must pick up every node it owned
 (no duplicate launch, no orphan), finish the work and scale down to nothing.
+
+The loops are `burst run` processes; what the user types beside them (submit, the status polls)
+runs in-process (run_burst_here), which leaves the 2-core machine's CPU to the loop and its nodes
+instead of an interpreter start per poll.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from tests.e2e.helpers import (
     FAST_POLICY,
     READY_S,
     burst_cmd,
-    burst_json,
+    burst_json_here,
     free_port,
     kill_all,
     node_processes,
-    run_burst,
+    run_burst_here,
     wait_for,
 )
+
+POLL_S = 0.5  # between status polls: each is a whole `burst status` in this process
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +55,7 @@ def start_loop(env: dict, log: Path) -> subprocess.Popen:
 
 
 def status(env: dict) -> dict:
-    return burst_json("status", "--policy", str(FAST_POLICY), "--all", env=env)
+    return burst_json_here("status", "--policy", str(FAST_POLICY), "--all", env=env)
 
 
 def instance_records(env: dict) -> list[dict]:
@@ -67,13 +73,13 @@ def test_sigterm_stops_the_loop_cleanly(env, tmp_path):
 
 
 def test_kill_9_mid_burst_then_restart_accounts_for_every_node(env, tmp_path):
-    run_burst("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
-              "--duration", "8s", "--count", "5", env=env, check=True)
+    run_burst_here("submit", "--policy", str(FAST_POLICY), "--project", "research", "--gpus", "4",
+                   "--duration", "8s", "--count", "5", env=env, check=True)
     log = tmp_path / "loop.log"
     loop = start_loop(env, log)
     # Wait until the burst is under way: nodes launched and at least one running a job.
     wait_for(lambda: len([n for n in status(env)["nodes"] if n["state"] in ("booting", "joining", "ready")]) >= 2,
-             60, what="nodes booting or ready")
+             60, interval=POLL_S, what="nodes booting or ready")
     os.killpg(loop.pid, signal.SIGKILL)
     loop.wait(timeout=10)
     before = {n["id"]: n for n in status(env)["nodes"]}
@@ -87,7 +93,7 @@ def test_kill_9_mid_burst_then_restart_accounts_for_every_node(env, tmp_path):
             alive = [n for n in s["nodes"] if n["state"] != "terminated"]
             return s if jobs_left == 0 and not alive else None
 
-        final = wait_for(finished, 120, what="queue cleared and all nodes terminated")
+        final = wait_for(finished, 120, interval=POLL_S, what="queue cleared and all nodes terminated")
     finally:
         restarted.send_signal(signal.SIGTERM)
         restarted.wait(timeout=30)
