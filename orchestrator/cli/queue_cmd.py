@@ -184,7 +184,7 @@ def status_command(policy: _PolicyOpt = None, state_dir: _StateOpt = None,
     pools_summary = BuiltinQueue(store, policies).summary(running_jobs)
     # Nodes: counted by SQL (per pool, state and offering), the first --limit listed (--all:
     # every one, terminated included), so a site of 10,000 nodes prints a page, not a book.
-    node_counts = store.node_counts(include_terminated=all_nodes)
+    node_counts = store.node_counts_by_offering(include_terminated=all_nodes)
     nodes_total = sum(c.nodes for c in node_counts)
     nodes = store.nodes(include_terminated=all_nodes, limit=None if all_nodes else limit)
     busy = store.gpus_busy_by_node()

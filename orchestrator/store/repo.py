@@ -220,7 +220,7 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
         with self._read() as conn:
             return [_node_from_driver(r) for r in driver_rows(conn, query)]
 
-    def node_counts(self, include_terminated: bool = False) -> list[NodeCount]:
+    def node_counts_by_offering(self, include_terminated: bool = False) -> list[NodeCount]:
         """Nodes and their GPUs per (pool, state, offering), by SQL ``GROUP BY``: the figures
         ``burst status`` shows for every node while it lists only the first few."""
         c = T.nodes.c
