@@ -33,6 +33,7 @@ from orchestrator.executor import ExecutionReport, Executor, ExecutorConfig
 from orchestrator.fabric.builtin import BuiltinFabric
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.lifecycle import NodeEvent, transition
+from orchestrator.planner.admission import Admission, NodeAdmitter
 from orchestrator.policy import Market, Policy, load_policy_text
 from orchestrator.reconciler import Reconciler, ReconcilerConfig
 from orchestrator.sources.builtin import BuiltinQueue
@@ -301,3 +302,21 @@ def make_rig(store: Store, *, policy: Policy | None = None, clock: FixedClock | 
                         ExecutorConfig(controller_url=CONTROLLER_URL))
     reconciler = Reconciler(store, fabric, policies, reconciler_config or ReconcilerConfig())
     return Rig(store, policy, clock, provider, queue, fabric, tokens, executor, reconciler)
+
+
+class NaiveAdmitter(NodeAdmitter):
+    """The admitter as absorption asked it before its shortcuts: every bin asked one by one
+    (never quota-only), and a refusal never remembered (``loosened`` changes on every read), so
+    neither the quota shortcuts nor the quota cut apply. Properties check the shortcuts against it."""
+
+    __slots__ = ("_reads",)
+
+    def __init__(self, admission: Admission, nodes) -> None:
+        super().__init__(admission, nodes)
+        self.quotas_only = False
+        self._reads = 0
+
+    @property
+    def loosened(self) -> int:
+        self._reads += 1
+        return self._reads

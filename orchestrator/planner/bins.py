@@ -171,46 +171,16 @@ class OwnedBins:
         None. A class whose bins have fewer free GPUs in all than the job is not read."""
         if not 0 < gpus <= self.node_size or gpus > self.total:
             return None
-        free, stamp = self.free, self._stamp
         if allowed is None:
-            first, second = self._buckets, None
-        else:  # the classes that may hold the job (at most two read without a list)
-            class_free, by_class = self.class_free, self._by_class
-            first = second = None
-            rest: list[list[list[int]]] = []
-            for klass in allowed:
-                if class_free.get(klass, 0) >= gpus:
-                    if first is None:
-                        first = by_class[klass]
-                    elif second is None:
-                        second = by_class[klass]
-                    else:
-                        rest.append(by_class[klass])
-            if first is None:
-                return None
-            if rest:
-                return self._place_among([first, second, *rest], gpus)
-        index = None
-        for room in range(gpus, len(self._buckets)):
-            entries = first[room]
-            while entries and free[entries[-1]] != room:  # dead: its bin left this room
-                entries.pop()
-            if entries:
-                index = entries[-1]
-            if second is not None:
-                entries = second[room]
-                while entries and free[entries[-1]] != room:
-                    entries.pop()
-                if entries and (index is None or stamp[entries[-1]] > stamp[index]):
-                    index = entries[-1]
-            if index is not None:
-                break
-        else:
-            return None
-        return self._take(index, gpus)
+            return self._place_among([self._buckets], gpus)
+        # the classes that may hold the job and have room enough for it in all
+        class_free, by_class = self.class_free, self._by_class
+        lists = [by_class[klass] for klass in allowed if class_free.get(klass, 0) >= gpus]
+        return self._place_among(lists, gpus) if lists else None
 
     def _place_among(self, lists: list[list[list[int]]], gpus: int) -> int | None:
-        """:meth:`place` among more than two classes' bins."""
+        """:meth:`place` among the bins of ``lists`` (per class, per room): the latest-stamped
+        live bin of the smallest room that fits, as :meth:`Bins.place` picks."""
         free, stamp = self.free, self._stamp
         for room in range(gpus, len(self._buckets)):
             index = None

@@ -77,13 +77,20 @@ def test_a_node_whose_job_started_elsewhere_goes_to_the_oldest() -> None:
     assert _started(world, 40.0) == {"old": ("n2",)}  # its job runs already: the oldest
 
 
-def test_a_launch_group_keeps_its_first_node_for_its_job_until_the_rest_is_up() -> None:
+def _group_world(peer: NodeState):
+    """An "old" 4-GPU job and a "wide" 8-GPU one; a launch group of two 4-GPU nodes for "wide",
+    g1 ready at 30 s and its peer g2 in ``peer``."""
     world = _world(TraceJob("old", 10.0, 600.0, 4), TraceJob("wide", 20.0, 600.0, 8),
                    spread=Spread.ONE_OFFERING)
-    _node(world, "g2", ("wide",), state=NodeState.BOOTING)
+    _node(world, "g2", ("wide",), state=peer)
     world.store.add_group(GroupRecord("g", "simtest", "sim", "r", None, FOUR.key, 2, ("g1", "g2"),
                                       GroupState.ACTIVE, at(0), at(0)))
     world.node_ready(_node(world, "g1", ("wide",)), 30.0)
+    return world
+
+
+def test_a_launch_group_keeps_its_first_node_for_its_job_until_the_rest_is_up() -> None:
+    world = _group_world(NodeState.BOOTING)
     assert _started(world, 30.0) == {}  # "old" fits g1, but g1 is kept for "wide"
     assert world.burst.free_total == 4  # (the reservation is only for the fill)
     booted = world.store.get_node("g2")
@@ -93,12 +100,7 @@ def test_a_launch_group_keeps_its_first_node_for_its_job_until_the_rest_is_up() 
 
 
 def test_a_launch_group_whose_peers_are_gone_frees_its_node() -> None:
-    world = _world(TraceJob("old", 10.0, 600.0, 4), TraceJob("wide", 20.0, 600.0, 8),
-                   spread=Spread.ONE_OFFERING)
-    _node(world, "g2", ("wide",), state=NodeState.FAILED)
-    world.store.add_group(GroupRecord("g", "simtest", "sim", "r", None, FOUR.key, 2, ("g1", "g2"),
-                                      GroupState.ACTIVE, at(0), at(0)))
-    world.node_ready(_node(world, "g1", ("wide",)), 30.0)
+    world = _group_world(NodeState.FAILED)
     assert _started(world, 30.0) == {"old": ("g1",)}
 
 

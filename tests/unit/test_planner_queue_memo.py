@@ -27,7 +27,7 @@ from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
 from orchestrator.planner.census import take_census
 from orchestrator.planner.demand import absorb, ordered, scheduling_order
 from orchestrator.planner.offerings import expected_hours
-from tests.builders import T0, make_job, make_node, make_policy, make_snapshot, offering_spec
+from tests.builders import NaiveAdmitter, T0, make_job, make_node, make_policy, make_snapshot, offering_spec
 
 M = timedelta(minutes=1)
 PROJECTS = [{"name": "a", "priority": 2}, {"name": "b", "priority": 0}]
@@ -150,22 +150,6 @@ def test_narrowing_the_unmet_jobs_equals_counting_the_rest(specs, onprem, data) 
     assert narrowed.unmet_hours == expected_hours([j.duration_s for j in due])
 
 
-class _Naive(NodeAdmitter):
-    """The admitter as absorption asked it before its shortcuts: every bin asked one by one
-    (never quota-only), and a refusal never remembered (``loosened`` changes on every read)."""
-
-    __slots__ = ("_reads",)
-
-    def __init__(self, admission: Admission, nodes) -> None:
-        super().__init__(admission, nodes)
-        self.quotas_only = False
-        self._reads = 0
-
-    @property
-    def loosened(self) -> int:
-        self._reads += 1
-        return self._reads
-
 
 NODE_SPECS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", None]), st.integers(0, 8),
                                 st.sampled_from([NodeState.READY, NodeState.READY,
@@ -183,7 +167,7 @@ def test_quota_shortcuts_absorb_as_asking_every_node(specs, node_specs, quota_a,
              for i, (p, busy, state) in enumerate(node_specs)]
     queue = make_snapshot(_jobs(specs), nodes=nodes, onprem_free=[2]).queues["gpu"]
     outcomes = []
-    for kind in (NodeAdmitter, _Naive):
+    for kind in (NodeAdmitter, NaiveAdmitter):
         admitter = kind(Admission(policy, None, T0, held_gpus(nodes)), nodes)
         found = absorb(queue, nodes, policy, take_census(nodes, policy, None), admitter)
         outcomes.append(([j.id for j in found.burst_absorbed], [j.id for j in found.unmet],

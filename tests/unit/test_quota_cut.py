@@ -18,26 +18,10 @@ from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
 from orchestrator.planner.census import take_census
 from orchestrator.planner.demand import absorb
 from orchestrator.planner.offerings import expected_hours
-from tests.builders import T0, make_job, make_node, make_policy, make_snapshot
+from tests.builders import NaiveAdmitter, T0, make_job, make_node, make_policy, make_snapshot
 
 M = timedelta(minutes=1)
 
-
-class _Naive(NodeAdmitter):
-    """Absorption's admitter before any shortcut: every bin asked one by one, a refusal never
-    remembered (``loosened`` changes on every read), so the quota cut never applies."""
-
-    __slots__ = ("_reads",)
-
-    def __init__(self, admission: Admission, nodes) -> None:
-        super().__init__(admission, nodes)
-        self.quotas_only = False
-        self._reads = 0
-
-    @property
-    def loosened(self) -> int:
-        self._reads += 1
-        return self._reads
 
 
 def _jobs(specs):
@@ -66,7 +50,7 @@ def _outcomes(specs, node_specs, quotas, onprem):
              for i, (p, busy, state) in enumerate(node_specs)]
     queue = make_snapshot(_jobs(specs), nodes=nodes, onprem_free=onprem).queues["gpu"]
     found = []
-    for kind in (NodeAdmitter, _Naive):
+    for kind in (NodeAdmitter, NaiveAdmitter):
         admitter = kind(Admission(policy, None, T0, held_gpus(nodes)), nodes)
         demand = absorb(queue, nodes, policy, take_census(nodes, policy, None), admitter)
         found.append((demand, admitter.admission.held))
