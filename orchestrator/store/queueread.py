@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -160,7 +160,7 @@ def _submitted_us(values: Sequence[Any], dialect: str) -> np.ndarray | Sequence[
     try:
         return np.array(values, dtype="datetime64[us]").astype(np.int64)
     except ValueError:
-        return [datetime.fromisoformat(v).replace(tzinfo=UTC) for v in values]
+        return [utc(v) for v in values]
 
 
 class QueueReads(StoreBase):
