@@ -3,7 +3,7 @@ run, so the ratios hold on any machine. Prints figures; not a test.
 
     python bench/bench_scale.py [--pending 100000] [--nodes 10000] [--lines 300000]
                                 [--clients 8] [--seconds 5] [--pg [URL]] [--no-sqlite]
-                                [--skip-cli] [--profile]
+                                [--skip-cli] [--profile [--profile-out FILE]]
 
 Builds, through the real migrations, a store (SQLite in a temporary directory; with ``--pg`` also
 a fresh PostgreSQL database created on the server of URL, default the test server, dropped
@@ -259,7 +259,11 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
 
             profiler = cProfile.Profile()
             profiler.runcall(tick)
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("tottime").print_stats(15)
+            stats.sort_stats("cumulative").print_stats(40)
+            if args.profile_out:
+                stats.dump_stats(args.profile_out)
         if not args.skip_cli:
             policy_file = Path(state) / "bench.yaml"
             policy_file.write_text(yaml.safe_dump(cli_policy_doc()))
@@ -374,6 +378,7 @@ def main() -> None:
                     help="also on PostgreSQL (a fresh database on this server, dropped after)")
     ap.add_argument("--skip-cli", action="store_true", help="leave out the CLI and API figures")
     ap.add_argument("--profile", action="store_true", help="profile one planning pass")
+    ap.add_argument("--profile-out", metavar="FILE", help="with --profile: write the pstats")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")
     args = ap.parse_args()
     for store, label in bench_report.each_store(args, "bench-scale"):

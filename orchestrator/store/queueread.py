@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -79,10 +80,21 @@ class RunningJob:
                    record.placement, record.node_id, record.started_at)
 
 
+# No ORDER BY: given one on id, SQLite walks the primary key over every job, ended ones
+# included, to skip a sort (240 ms at 111,000 jobs, where the state index finds the 11,000
+# running in 33 ms); the rows are sorted by id here instead (_running_rows).
 _RUNNING_Q = (sa.select(*(T.jobs.c[name] for name in RUNNING_COLUMNS))
-              .where(T.jobs.c.state == JobState.RUNNING.value).order_by(T.jobs.c.id))
+              .where(T.jobs.c.state == JobState.RUNNING.value))
+_ID = itemgetter(0)  # a running row's id
 _PLACEMENTS: dict[str | None, Placement | None] = {p.value: p for p in Placement}
 _PLACEMENTS[None] = None
+
+
+def _running_rows(conn: sa.Connection) -> list[RunningJob]:
+    """Every running job as a light row, by id."""
+    rows = driver_rows(conn, _RUNNING_Q)
+    rows.sort(key=_ID)
+    return [_running_job(r) for r in rows]
 
 
 def _running_job(row: Sequence[Any]) -> RunningJob:
@@ -180,14 +192,14 @@ class QueueReads(StoreBase):
             # parsed as a whole column: SQLite gives naive UTC text, PostgreSQL an aware
             # datetime).
             pending = pending_by_pool(driver_rows(conn, pending_q), conn.dialect.name)
-            running = [_running_job(r) for r in driver_rows(conn, _RUNNING_Q)]
+            running = _running_rows(conn)
         return QueueRead(at, pending, running)
 
     def running_jobs(self) -> list[RunningJob]:
         """Every running job of the built-in queue as a light row, by id (what on-prem
         capacity, node usage and burst runs read; ``burst status`` at 10,000 nodes)."""
         with self._read() as conn:
-            return [_running_job(r) for r in driver_rows(conn, _RUNNING_Q)]
+            return _running_rows(conn)
 
     def start_onprem(self, job_id: str, version: int, attempts: int, node_id: str,
                      at: datetime) -> bool:
