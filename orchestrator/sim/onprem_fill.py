@@ -131,20 +131,26 @@ class OnPremFill:
 
     def _reservation(self, job: SimJob, now: float) -> tuple[float, frozenset[int]]:
         """When and on which on-prem nodes ``job`` (which does not fit now) can start, from the
-        running jobs' expected ends: (S, nodes); (inf, no nodes) if it can never fit on-prem."""
+        running jobs' expected ends: (S, nodes); (inf, no nodes) if it can never fit on-prem.
+
+        The answer depends only on the pool and its runs (the pool's version moves with both),
+        the job's width and, for a job wider than a node, ``now``: the engine dispatches at every
+        event and tick while the same wide job waits, so the last answer is kept."""
+        pool = self.onprem
+        wide = job.gpus > pool.max_size
+        key = (pool.version, job.gpus, now if wide else None)
+        cached = self._reserve_cache
+        if cached[0] == key:
+            return cached[1]
+        answer = self._reserve(job, now, wide)
+        self._reserve_cache = (key, answer)
+        return answer
+
+    def _reserve(self, job: SimJob, now: float, wide: bool) -> tuple[float, frozenset[int]]:
         pool = self.onprem
         runs = self._node_runs
-        if job.gpus > pool.max_size:
-            frees = sorted((max((end for end, _ in runs[i].values()), default=now), i)
-                           for i in pool.size)
-            chosen: list[int] = []
-            covered = 0
-            for until, index in frees:
-                chosen.append(index)
-                covered += pool.size[index]
-                if covered >= job.gpus:
-                    return until, frozenset(chosen)
-            return math.inf, frozenset()
+        if wide:
+            return self._reserve_wide(job.gpus, now)
         best = (math.inf, -1)
         for index, on_node in runs.items():
             free = pool.free[index]
@@ -157,3 +163,30 @@ class OnPremFill:
                         best = (end, index)
                     break
         return (best[0], frozenset((best[1],))) if best[1] >= 0 else (math.inf, frozenset())
+
+    def _reserve_wide(self, gpus: int, now: float) -> tuple[float, frozenset[int]]:
+        """The reservation of a job wider than a node: whole nodes in the order they free up
+        (by their last running job's expected end; an empty node at ``now``), lowest index on
+        ties, until their GPUs cover it. The nodes' free times are kept while the pool does
+        not change (a pass over every run on every node was most of a dispatch)."""
+        pool = self.onprem
+        runs = self._node_runs
+        if self._wide_cache[0] != pool.version:
+            busy = sorted((max(end for end, _ in on.values()), i)
+                          for i, on in runs.items() if on and i in pool.size)
+            empty = [i for i in sorted(pool.size) if not runs[i]]
+            self._wide_cache = (pool.version, busy, empty)
+        _, busy, empty = self._wide_cache
+        if busy and busy[0][0] <= now:
+            # (A run past its expected end sorts among the empty nodes: the full sort.)
+            frees = sorted([(now, i) for i in empty] + busy)
+        else:
+            frees = [(now, i) for i in empty] + busy
+        chosen: list[int] = []
+        covered = 0
+        for until, index in frees:
+            chosen.append(index)
+            covered += pool.size[index]
+            if covered >= gpus:
+                return until, frozenset(chosen)
+        return math.inf, frozenset()

@@ -106,6 +106,8 @@ class World(OnPremFill, BurstFill):
         self.finished = 0
         self.started: list[SimJob] = []  # filled by dispatch; the engine schedules their ends
         self._free_cache: tuple[int, tuple[int, ...]] = (-1, ())
+        self._reserve_cache: tuple = (None, None)  # the last easy reservation (onprem_fill)
+        self._wide_cache: tuple = (-1, [], [])  # on-prem nodes' free times (onprem_fill)
         # Expected end of each on-prem running job (start + its duration, the trace's "time
         # limit"), for the wait-aware rule; kept per job so a snapshot only gathers them.
         # One release per node the job holds (the node index: the per-node wait model reads it).
@@ -131,6 +133,11 @@ class World(OnPremFill, BurstFill):
         # [project, node id, GPUs, start s, end s or None]; open ones by job index.
         self.burst_runs: list[list] = []
         self._open_runs: dict[int, list[list]] = {}  # job index -> its runs (one per node)
+        # The same open runs as the snapshot carries them, built once per start (a run's fields
+        # do not change while it runs), and their tuple until a run starts or ends: the planner
+        # reads them at every tick, and rebuilding them was a fifth of a replay.
+        self._open_views: dict[int, list[BurstRun]] = {}
+        self._runs_view: tuple[BurstRun, ...] | None = ()
         # Ready burst nodes launched for pending jobs (Node.launched_for): node index -> those jobs
         # still pending, in scheduling order; burst dispatch hands the node to them first
         # (orchestrator.sim.burstfill). Trace job ids -> jobs, to read the launch's ids.
@@ -220,10 +227,15 @@ class World(OnPremFill, BurstFill):
         self._stage(job)
         ids = tuple(self._burst_ids[index] for index, _ in alloc)
         job.burst_nodes = ids
+        started_at = at(now)
+        run_s = job.run_s
+        self._runs_view = None
         for (index, used), node_id in zip(alloc, ids):
             run = [job.domain.project, node_id, used, now, None]
             self.burst_runs.append(run)
             self._open_runs.setdefault(job.index, []).append(run)
+            self._open_views.setdefault(job.index, []).append(
+                BurstRun(job.trace.job_id, job.domain.project, node_id, used, started_at, run_s))
             jobs = self.node_jobs.setdefault(node_id, set())
             jobs.add(job)
             node = self.store.get_node(node_id)
@@ -265,6 +277,8 @@ class World(OnPremFill, BurstFill):
         runtime = now - job.start_s
         for run in self._open_runs.pop(job.index, ()):
             run[4] = now
+        if self._open_views.pop(job.index, None) is not None:
+            self._runs_view = None
         self.burst.release(job.alloc)
         for (_, used), node_id in zip(job.alloc, job.burst_nodes):
             self.node_busy_gpu_s[node_id] = self.node_busy_gpu_s.get(node_id, 0.0) + used * runtime
@@ -360,13 +374,9 @@ class World(OnPremFill, BurstFill):
 
     def running_on_burst(self) -> tuple[BurstRun, ...]:
         """The jobs running on burst nodes now, as the planner's snapshot carries them."""
-        out = []
-        for index, runs in self._open_runs.items():
-            job = self.jobs[index]
-            for run in runs:  # one per node the job runs on (its GPUs there)
-                out.append(BurstRun(job.trace.job_id, run[0], run[1], run[2], at(run[3]),
-                                    job.run_s))
-        return tuple(out)
+        if self._runs_view is None:  # one per node each job runs on (its GPUs there)
+            self._runs_view = tuple(run for runs in self._open_views.values() for run in runs)
+        return self._runs_view
 
     def quiescent(self) -> bool:
         """Nothing pending and no burst node alive: a planner can have nothing to do."""
