@@ -161,6 +161,30 @@ def run_outstanding_usd(policy: Policy, run: BurstRun, node: Node, now: datetime
     return run_usd(node, run.gpus, left) if left > 0 else _ZERO
 
 
+def _live_figures(policy: Policy, live: list[Node], now: datetime
+                  ) -> tuple[dict[str | None, list[Decimal]], dict[str | None, list[Decimal]]]:
+    """Each live node's outstanding commitment and hourly price (``live``: the pool's live nodes,
+    in snapshot order), listed per project a budget of ``policy`` is for, and under None for
+    the pool's budgets (every node), each in snapshot order: a budget sums its list, the same
+    additions in the same order as summing over its scope (Decimal sums of inexact quotients
+    depend on the order), with each node's figures worked out once, not once per budget."""
+    projects = {b.project for b in policy.budgets}
+    owed: dict[str | None, list[Decimal]] = {project: [] for project in projects}
+    burn: dict[str | None, list[Decimal]] = {project: [] for project in projects}
+    whole = None in projects
+    for node in live:
+        if not whole and node.project not in projects:
+            continue  # in no budget's scope
+        figures = outstanding_usd(node, now), usd(node.price_usd_hour)
+        if whole:
+            owed[None].append(figures[0])
+            burn[None].append(figures[1])
+        if node.project is not None and node.project in projects:
+            owed[node.project].append(figures[0])
+            burn[node.project].append(figures[1])
+    return owed, burn
+
+
 def foreign_outstanding(policy: Policy, runs: tuple[BurstRun, ...], nodes: dict[str, Node],
                         now: datetime) -> dict[str, Decimal]:
     """Per project: what its jobs running on nodes launched for another project (or none) still
@@ -273,6 +297,7 @@ class BudgetBook:
         live = [n for n in snapshot.nodes if n.state.counts_toward_limits and n.pool == pool]
         foreign = (foreign_outstanding(policy, snapshot.burst_runs, {n.id: n for n in live}, now)
                    if snapshot.burst_runs else {})
+        owed, burn = _live_figures(policy, live, now)
         states = []
         for budget in policy.budgets:
             key = budget_key(policy.name, budget.name)
@@ -280,13 +305,12 @@ class BudgetBook:
             seen = snapshot.budget_spend.get(key)
             observed = seen is not None and _same_window(seen, start)
             spent = usd(seen.spent_usd) if observed and seen is not None else _ZERO
-            scoped = [n for n in live if in_scope(budget, pool, n.pool, n.project)]
             mine = [lc for lc in earlier if in_scope(budget, pool, lc.pool, lc.project)]
             states.append(BudgetState(
                 key=key, budget=budget, pool=pool, window_start=start, window_end=end,
                 limit=budget.limit_usd, spent=spent,
-                outstanding=sum((outstanding_usd(n, now) for n in scoped), _ZERO),
-                burn=sum((usd(n.price_usd_hour) for n in scoped), _ZERO)
+                outstanding=sum(owed.get(budget.project, ()), _ZERO),
+                burn=sum(burn.get(budget.project, ()), _ZERO)
                 + sum((usd(lc.offering.price_usd_hour) for lc in mine), _ZERO),
                 observed=observed,
                 tick=sum((usd(lc.budget_commit_usd) for lc in mine), _ZERO),
