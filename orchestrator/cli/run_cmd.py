@@ -146,9 +146,10 @@ def db_rebuild_rollups(
     database_url: Annotated[str | None, typer.Option("--database-url", help="SQLAlchemy URL (BURST_DATABASE_URL).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the row counts as JSON.")] = False,
 ) -> None:
-    """Rebuild the cost ledger's hour, day and month roll-ups from its lines, in one transaction
-    (what migrations 0014 and 0016 did on upgrade; for lines loaded into cost_lines by hand, e.g. a restore of
-    that table alone). Reports read the roll-ups; the roll-up keeps them as it writes lines."""
+    """Rebuild the cost ledger's hour, day and month roll-ups from its lines, and each node's
+    ledger reach (what budgets' accrual reads), in one transaction (what migrations 0014, 0016
+    and 0019 did on upgrade; for rows loaded by hand, e.g. a restore of cost_lines alone).
+    Reports read the roll-ups; the roll-up keeps them as it writes lines."""
     settings = load_settings(database_url=database_url)
     store = open_store(settings)
     try:

@@ -16,12 +16,11 @@ from decimal import Decimal
 from typing import Any
 
 from orchestrator.costs.spend import WindowSpend
-from orchestrator.domain.nodes import NodeState
 from orchestrator.planner.budgets import (
     MICRO,
     grade_in_force,
     in_scope,
-    outstanding_usd,
+    outstanding_of,
     used_percent,
     window_bounds,
 )
@@ -85,28 +84,31 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     policies = list(policies)
     if not any(p.budgets for p in policies):
         return []
-    # Read once for every budget: the live nodes (burn rate and commitments), the accrual of
-    # the nodes the ledger has not caught up with, and the lines of each window (one grouped
-    # roll-up read per window); each summed per (pool, project) once, so a budget adds up a few
-    # groups instead of going over every node.
-    live = store.nodes()  # every node not terminated, of any policy (budgets cover a pool)
-    spent_in = WindowSpend(store, store.ledger_accrual_nodes(), now)
+    # Read once for every budget, each summed per (pool, project) once so a budget adds up a few
+    # groups: the live nodes' prices (one GROUP BY), the nodes that may still owe part of their
+    # commitment (young ones only), the accrual of the nodes the ledger has not caught up with
+    # (one aggregate over the ledger reach per window) and the lines of each window (one
+    # grouped roll-up read per window). No read of a row per live node.
+    spent_in = WindowSpend(store, now)
     burns: dict[tuple[str, str | None], Decimal] = {}
     commits: dict[tuple[str, str | None], Decimal] = {}
-    for node in live:
+    for pool, project, price, count in store.live_node_price_counts():
+        group = (pool, project)
+        burns[group] = burns.get(group, Decimal(0)) + Decimal(str(price)) * count
+    for node in store.nodes_committing(now):
         group = (node.pool, node.project)
-        if node.state != NodeState.TERMINATED:
-            burns[group] = burns.get(group, Decimal(0)) + Decimal(str(node.price_usd_hour))
-        commits[group] = commits.get(group, Decimal(0)) + outstanding_usd(node, now)
+        commits[group] = commits.get(group, Decimal(0)) + outstanding_of(
+            node.state, node.budget_commit_usd, node.price_usd_hour, node.created_at, now)
+    groups = sorted(burns.keys() | commits.keys(), key=lambda g: (g[0], g[1] is None, g[1] or ""))
     out = []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = window_bounds(budget, now)
             spent = spent_in(since=start, until=end, pool=pool, project=budget.project)
-            scope = [g for g in commits if in_scope(budget, pool, g[0], g[1])]
+            scope = [g for g in groups if in_scope(budget, pool, g[0], g[1])]
             burn = sum((burns.get(g, Decimal(0)) for g in scope), Decimal(0))
-            committed = sum((commits[g] for g in scope), Decimal(0))
+            committed = sum((commits.get(g, Decimal(0)) for g in scope), Decimal(0))
             used = spent + committed
             left_s = max(Decimal(str((end - max(now, start)).total_seconds())), Decimal(0))
             percent = used_percent(used, budget.limit_usd)

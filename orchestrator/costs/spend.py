@@ -25,7 +25,7 @@ from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 from orchestrator.store.base import require_aware
-from orchestrator.store.ledger import AccrualNode
+from orchestrator.store.accrual import AccrualNode
 
 _MICROS = Decimal(1_000_000)
 
@@ -77,12 +77,15 @@ class WindowLines:
 
 class WindowSpend:
     """:func:`spend` of many budgets at one ``now``: the ledger's lines per (pool, project) of
-    each window (:class:`WindowLines`, one read per window) and the accrual of ``accrual``'s
-    nodes (read once for all budgets) summed per (pool, project) once per window, so a budget
-    adds up a few groups instead of going over every node. Exact: the same integer
-    micro-dollars as :func:`spend`, added in another order."""
+    each window (:class:`WindowLines`, one read per window) and the accrual of the nodes the
+    lines have not reached, per (pool, project) once per window: one SQL aggregate over the
+    store's ledger reach (``Store.ledger_accrual_by_group``) plus, in Python, the few nodes whose
+    price it cannot sum. ``accrual``: sum these nodes' accrual here instead (what tests compare).
+    Exact: the same integer micro-dollars as :func:`spend`, added in another order."""
 
-    def __init__(self, store: Store, accrual: list[AccrualNode], now: datetime) -> None:
+    def __init__(self, store: Store, now: datetime,
+                 accrual: list[AccrualNode] | None = None) -> None:
+        self._store = store
         self._lines = WindowLines(store)
         self._accrual = accrual
         self._now = require_aware(now, "now")
@@ -93,8 +96,13 @@ class WindowSpend:
         """Micro-dollars accrued in [since, min(now, until)) per (pool, project) of the nodes."""
         key = (since, until)
         if key not in self._accrued:
-            groups: dict[tuple[str, str | None], int] = {}
-            for node in self._accrual:
+            if self._accrual is None:
+                groups, rest = self._store.ledger_accrual_by_group(
+                    since=since, until=until, now=self._now,
+                    minimum_s=DEFAULT_BILLING.minimum_s, increment_s=DEFAULT_BILLING.increment_s)
+            else:
+                groups, rest = {}, self._accrual
+            for node in rest:
                 micros_ = _accrued_micros(node, since, until, self._now)
                 if micros_:
                     group = (node.pool, node.project)
@@ -152,7 +160,7 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     # Read once for every budget: the accrual of the nodes the ledger has not caught up with,
     # the lines of each window, and the live nodes' prices (a read per budget scanned every
     # node once per budget).
-    spent_in = WindowSpend(store, store.ledger_accrual_nodes(), now)
+    spent_in = WindowSpend(store, now)
     burns = burn_by_group(store.live_node_prices_by_group())
     for policy in policies:
         pool = policy.pool.name

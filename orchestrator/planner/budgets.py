@@ -136,9 +136,18 @@ def accrued_usd(node: Node, now: datetime) -> Decimal:
 
 def outstanding_usd(node: Node, now: datetime) -> Decimal:
     """What of a live node's commitment is not yet spent: ``max(commit - accrued, 0)``."""
-    if not node.state.counts_toward_limits:
+    return outstanding_of(node.state, node.budget_commit_usd, node.price_usd_hour,
+                          node.created_at, now)
+
+
+def outstanding_of(state: NodeState, commit_usd: float, price_usd_hour: float,
+                   created_at: datetime, now: datetime) -> Decimal:
+    """:func:`outstanding_usd` of a node's few fields (what budget status reads of the store)."""
+    if not state.counts_toward_limits:
         return _ZERO
-    return max(usd(node.budget_commit_usd) - accrued_usd(node, now), _ZERO)
+    accrued = _ZERO if state is NodeState.REQUESTED else usd(price_usd_hour) * usd(
+        max((now - created_at).total_seconds(), 0.0)) / _HOUR
+    return max(usd(commit_usd) - accrued, _ZERO)
 
 
 def in_scope(budget: Budget, pool: str, node_pool: str, node_project: str | None) -> bool:

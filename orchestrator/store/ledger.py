@@ -10,8 +10,9 @@ The roll-up (``orchestrator.costs.ledger``) owns the maths; this module owns the
   ``line_key``, so two roll-ups racing on one subject converge instead of failing;
 * grouped sums over the cost roll-ups (:mod:`orchestrator.store.rollups`, kept in the
   transaction that writes the lines) or, for groupings they do not carry, over ``cost_lines``
-  (``GROUP BY`` in SQL, integers for money), the spend of a window, and the nodes whose cost the
-  ledger has not reached yet (for budgets).
+  (``GROUP BY`` in SQL, integers for money), and the spend of a window. (What the lines have
+  not reached yet, for budgets, is :mod:`orchestrator.store.accrual`'s, which ``write_ledger``
+  keeps too.)
 
 Times are passed in, never read from a clock.
 """
@@ -29,7 +30,8 @@ from sqlalchemy import Connection
 from orchestrator.domain.costs import NO_PROJECT, NONE, CostKind, CostLine, JobUsage
 from orchestrator.domain.jobs import Placement
 from orchestrator.domain.nodes import NodeState
-from orchestrator.store import rollups
+from orchestrator.store import accrual, rollups
+from orchestrator.store.accrual import AccrualNode
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
@@ -106,20 +108,6 @@ class CostSums:
     gpu_seconds: float  # of burst lines
     instance_seconds: float
     lines: int
-
-
-@dataclass(frozen=True, slots=True)
-class AccrualNode:
-    """A node whose cost the ledger may not have reached yet: its price, when it started and
-    stopped costing, and how far its lines reach (None: it has none)."""
-
-    node_id: str
-    project: str | None
-    price_usd_hour: float
-    launched: datetime
-    ended: datetime | None
-    covered_through: datetime | None
-    pool: str = ""
 
 
 def _line_values(line: CostLine) -> dict[str, Any]:
@@ -304,14 +292,20 @@ class Ledger(StoreBase):
                     "updated_at": stmt.excluded.updated_at,
                 })
                 conn.execute(stmt)
+            if not subject.startswith(ONPREM_SUBJECT):
+                accrual.on_lines(conn, subject)  # the node's reach, for budgets' accrual
         return len(changed), len(stale)
 
     def rebuild_cost_rollups(self) -> tuple[int, int, int]:
-        """Rebuild the hour, day and month roll-ups from the lines (what migrations 0014 and 0016
-        did on upgrade; for lines loaded around ``write_ledger``, e.g. by a bulk load). Returns
-        their row counts (hours, days, months)."""
+        """Rebuild the hour, day and month roll-ups from the lines, and the nodes' ledger reach
+        (:mod:`orchestrator.store.accrual`) from nodes, events, marks and lines (what migrations
+        0014, 0016 and 0019 did on upgrade; for rows loaded around ``write_ledger`` or
+        ``add_node``, e.g. by a bulk load), in one transaction. Returns the roll-ups' row counts
+        (hours, days, months)."""
         with self._write() as conn:
-            return rollups.rebuild(conn)
+            counts = rollups.rebuild(conn)
+            accrual.rebuild(conn, self._insert)
+            return counts
 
     def set_ledger_mark(self, subject: str, mark: datetime, at: datetime) -> None:
         """Advance ``subject``'s mark to ``mark`` (never backwards) without touching lines."""
@@ -387,50 +381,6 @@ class Ledger(StoreBase):
                 conn, (), since=require_aware(since, "since"), until=require_aware(until, "until"),
                 projects=None if project is None else [project], pool=pool, users=None)
         return groups[()][0] if groups else 0
-
-    def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None
-                             ) -> list[AccrualNode]:
-        """Launched nodes whose ledger is not final through their end, with how far their lines
-        reach: what budgets add on top of the lines while the roll-up lags. One statement for
-        every such node (its launch and end from its events, its lines' reach past its mark, each
-        through its index), read once for all budgets: no node record, no other node."""
-        n, m, e = T.nodes.c, T.ledger_marks.c, T.node_events.c
-        at = sa.type_coerce(e.at, T.UtcDateTime())
-
-        def first_event(state: NodeState) -> Any:
-            return sa.type_coerce(
-                sa.select(sa.func.min(at)).where(e.node_id == n.id, e.to_state == state.value)
-                .scalar_subquery(), T.UtcDateTime())
-
-        reach = sa.type_coerce(
-            sa.select(sa.func.max(_c.period_end))
-            .where(_c.subject == n.id,
-                   sa.or_(m.final_through.is_(None), _c.period_start >= m.final_through))
-            .scalar_subquery(), T.UtcDateTime())
-        query = (
-            sa.select(n.id, n.project, n.price_usd_hour, n.pool, m.final_through,
-                      first_event(NodeState.LAUNCHING).label("launched"),
-                      first_event(NodeState.TERMINATED).label("ended"), reach.label("reach"))
-            .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id))
-            .where(sa.or_(n.state != NodeState.TERMINATED.value, m.final_through.is_(None),
-                          m.final_through < n.state_since))
-            .order_by(n.created_at, n.id))
-        if pool is not None:
-            query = query.where(n.pool == pool)
-        if project is not None:
-            query = query.where(n.project == project)
-        with self._read() as conn:
-            rows = conn.execute(query).all()
-        out = []
-        for r in rows:
-            if r.launched is None:
-                continue  # never launched: costs nothing yet
-            mark = r.final_through
-            covered = r.reach if mark is None else (mark if r.reach is None or r.reach < mark
-                                                    else r.reach)
-            out.append(AccrualNode(r.id, r.project, r.price_usd_hour, r.launched, r.ended,
-                                   covered, r.pool))
-        return out
 
     def live_node_prices_by_group(self) -> dict[tuple[str, str | None], list[float]]:
         """Hourly prices of the nodes not yet terminated per (pool, project launched for): what

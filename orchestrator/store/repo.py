@@ -21,7 +21,9 @@ from orchestrator.domain.plan import Decision
 from orchestrator.domain.snapshot import CapacityBlock, PolicyMemory
 from orchestrator.lifecycle import IllegalTransition, NodeEvent, can_transition
 from orchestrator.policy.models import Market
+from orchestrator.store import accrual
 from orchestrator.store import tables as T
+from orchestrator.store.accrual import Accrual
 from orchestrator.store.base import require_aware
 from orchestrator.store.burstwaits import BurstWaits, record_predictions
 from orchestrator.store.usage_reads import UsageReads
@@ -162,8 +164,8 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 
 class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
-            PoolControls, Ledger, ApiTokens, Telemetry, FabricSlots, Leases, Presence, Utilisation,
-            Notices, PlacementGroups, Fencing):
+            PoolControls, Ledger, Accrual, ApiTokens, Telemetry, FabricSlots, Leases, Presence,
+            Utilisation, Notices, PlacementGroups, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 
@@ -185,6 +187,7 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
             ).rowcount == 1
             if inserted:
                 conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
+                accrual.on_add(conn, self._insert, node, NodeState(event.to_state), event.at)
         return inserted
 
     def get_node(self, node_id: str) -> Node | None:
@@ -259,6 +262,8 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
         won = conn.execute(stmt).rowcount == 1
         if won:
             conn.execute(sa.insert(T.node_events).values(**_event_values(event)))
+            accrual.on_event(conn, old.id, NodeState(event.to_state), event.at,
+                             new.state_since)
         return won
 
     def _node_in(self, conn: sa.Connection, node_id: str) -> Node | None:
