@@ -35,7 +35,7 @@ import hashlib
 import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
@@ -171,6 +171,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         rules = (_node_rules(policy, snapshot, now)
                  if policy.trigger.wait_model is WaitModel.NODES else None)
         split = _split(demand.unmet, demand.onprem_absorbed, queue, policy, now, boot, rules)
+        if split.waiting and policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds:
+            split = _spot_early(split, demand.unmet, policy, snapshot, now)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
     prewarm = snapshot.prewarm.get(pool)
@@ -261,7 +263,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         budget = pool_budget(policy, nodes, candidates)
         held = (dict(held_now) if held_now is not None
                 else _held_gpus(nodes, snapshot.burst_runs))
-        chooser = (SpotChooser(policy, ranked, snapshot.offering_health)
+        chooser = (SpotChooser(policy, ranked, snapshot.offering_health, now)
                    if policy.spot.by_expected_cost else None)
         # Data staging (pool/project storage, job annotations): jobs whose data would take
         # longer to stage than their predicted on-prem wait are not burst (:mod:`.staging`).
@@ -314,7 +316,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             summary += "; launch group(s): " + ", ".join(
                 f"{g} ({lc.group_size}x {lc.offering.key})" for g, lc in groups.items())
 
-    if split is not None and (split.deferred or split.waiting):
+    if split is not None and (split.deferred or split.waiting or split.spot_early):
         summary = f"{summary}; {split.text()}"
     # The wait each job burst this tick avoids (planner.forecast): the jobs launched for, and
     # those about to start on burst nodes ready or booting.
@@ -422,6 +424,37 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         due[picked] = True
     return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at,
                      boot=split.boot, model=split.model, displaced=split.displaced)
+
+
+def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot: Snapshot,
+                now: datetime) -> WaitSplit:
+    """The split with the waiting jobs whose first choice under the SLO guard is spot made due
+    now (:meth:`.spot.SpotChooser.burst_early`): waiting for their deadline would spend the slack
+    their restarts need. Due jobs stay in scheduling order."""
+    candidates = list(resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now).candidates)
+    if not candidates:
+        return split
+    chooser = SpotChooser(policy, candidates, snapshot.offering_health, now)
+    early = [job for job in split.waiting if chooser.burst_early(job)]
+    if not early:
+        return split
+    early_ids = {job.id for job in early}
+    due_ids = early_ids | set(split.due.ids() if isinstance(split.due, JobsView)
+                              else (job.id for job in split.due))
+    if isinstance(unmet, JobsView):  # read on the columns: no Job made for 100k queued jobs
+        due: Sequence[Job] = unmet.where(np.fromiter((i in due_ids for i in unmet.ids()),
+                                                     dtype=bool, count=len(unmet)))
+    else:
+        due = tuple(job for job in unmet if job.id in due_ids)
+    left = tuple(job for job in split.waiting if job.id not in early_ids)
+    deadlines = [job.submitted_at for job in left]
+    earliest = split.earliest_burst_at if left else None
+    if left and split.earliest_burst_at is not None:
+        # the first deadline among those still waiting (the same lead for every job)
+        lead = split.earliest_burst_at - min(j.submitted_at for j in split.waiting)
+        earliest = min(deadlines) + lead
+    return replace(split, due=due, waiting=left, earliest_burst_at=earliest,
+                   spot_early=len(early))
 
 
 def _model_name(policy: Policy, queue: PoolQueue) -> str:

@@ -17,6 +17,21 @@ failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_
 (default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
 lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
 
+SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the
+odds of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for
+a new node. A job of wait so far ``w`` (now - submitted; a requeued job's earlier run is counted
+as waiting, so it is assumed to have no slack left) has room for a restart when ``SLO - w - boot
+>= boot + tick``. Interruptions are Poisson of mean ``N`` (the offering's expected count). With no
+room, the odds of a miss are ``P(X >= 1)``. With room, the job misses only if its first attempt is
+cut and its next one, requeued with no room, is put on spot again and cut too; the guard lets that
+happen only at odds within the bound, so the odds are at most ``P(X >= 1) x bound``: in effect a
+job with room runs on spot until its first interruption, then where the guard allows (mostly on
+demand). A spot offering whose odds are above the bound is ranked after every offering within it
+(kept last: where nothing else is on offer it is still used). A late job (``trigger.wait_slo``) whose first choice under the guard is
+spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting
+would only spend the slack its restarts need; on-demand first choices wait for their deadline, as
+on-prem may still take them.
+
 Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval): a queue of 100k
 jobs has few.
 """
@@ -27,7 +42,8 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.snapshot import OfferingHealth
@@ -35,6 +51,7 @@ from orchestrator.planner.offerings import DEFAULT_JOB_HOURS, Candidate
 from orchestrator.policy.models import Market, Policy
 
 STOCKOUT_RETRY_S = 180.0  # a capacity error excludes an offering this long (executor's back-off)
+TICK_S = 60.0  # a restart waits one planner tick beyond the next node's boot (the SLO guard)
 MAX_STOCKOUT_ODDS = 0.99  # odds past this are planned as this (the expected retries stay finite)
 RECORDED_CLASSES = 4  # job classes whose alternatives a decision records (the largest by GPU-hours)
 # Durations are priced on a geometric grid of this ratio (a class per 5 % of runtime): the ranking
@@ -61,15 +78,34 @@ class JobPrice:
     run_usd: float  # price x billed hours x share
     risk_usd: float  # SLO risk: expected delay x GPUs x delay price
     expected_cost_usd: float  # run_usd + risk_usd
+    slo_miss_odds: float | None = None  # the SLO guard's odds of a miss (None: guard off)
+    guarded: bool = False  # passed over by the SLO guard (odds above spot.max_slo_miss_odds)
 
     def as_record(self) -> dict:
         def r(value: float) -> float:
             return round(min(value, 1e12), 4)  # an infinitely dear option stays valid JSON
-        return {"offering": self.offering_key, "market": str(self.market),
-                "billed_hours": r(self.billed_hours), "interruptions": r(self.interruptions),
-                "lost_hours": r(self.lost_hours), "stockout_odds": r(self.stockout_odds),
-                "run_usd": r(self.run_usd), "risk_usd": r(self.risk_usd),
-                "expected_cost_usd": r(self.expected_cost_usd)}
+        out = {"offering": self.offering_key, "market": str(self.market),
+               "billed_hours": r(self.billed_hours), "interruptions": r(self.interruptions),
+               "lost_hours": r(self.lost_hours), "stockout_odds": r(self.stockout_odds),
+               "run_usd": r(self.run_usd), "risk_usd": r(self.risk_usd),
+               "expected_cost_usd": r(self.expected_cost_usd)}
+        if self.slo_miss_odds is not None:
+            out["slo_miss_odds"] = r(self.slo_miss_odds)
+            out["slo_guard"] = self.guarded
+        return out
+
+
+def poisson_tail(mean: float, k: int) -> float:
+    """P(X > k) for X Poisson of ``mean`` (the odds of more than ``k`` interruptions)."""
+    if mean <= 0:
+        return 0.0
+    if not math.isfinite(mean):
+        return 1.0
+    term = cdf = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        cdf += term
+    return min(max(1.0 - cdf, 0.0), 1.0)
 
 
 def expected_work_s(work_s: float, checkpoint_s: float | None, restart_s: float,
@@ -127,13 +163,20 @@ class SpotChooser:
     """Ranks the candidates for each job by expected cost (memoized per job class for a tick)."""
 
     def __init__(self, policy: Policy, candidates: list[Candidate],
-                 health: Mapping[str, OfferingHealth]):
+                 health: Mapping[str, OfferingHealth], now: datetime | None = None):
         self.policy = policy
         self.candidates = candidates
         self.health = health
         spot = policy.spot
         self.restart_s = spot.restart_overhead.total_seconds()
         self.boot_s = policy.trigger.expected_boot.total_seconds()
+        # The SLO guard (module docstring): on with a bound, an SLO and the decision's moment.
+        slo = policy.trigger.wait_slo
+        self.max_odds = spot.max_slo_miss_odds
+        self.now = now
+        self.guard = self.max_odds is not None and slo is not None and now is not None
+        self.slo_s = slo.total_seconds() if slo is not None else 0.0
+        self.restart_wait_s = self.boot_s + TICK_S  # what one restart adds to the job's wait
         if spot.delay_usd_per_gpu_hour is not None:
             self.delay_rate = float(spot.delay_usd_per_gpu_hour)
         else:
@@ -148,31 +191,50 @@ class SpotChooser:
         self._world = (tuple((c.key, c.offering.price_usd_hour, c.offering.gpus,
                               c.offering.market, *_rates(health.get(c.key)))
                              for c in candidates),
-                       self.restart_s, self.boot_s, self.delay_rate)
+                       self.restart_s, self.boot_s, self.delay_rate,
+                       self.max_odds if self.guard else None)
         self._gpu_hours: dict[tuple, float] = {}
 
     def _class(self, job: Job) -> tuple:
         duration = job.duration_s or DEFAULT_JOB_HOURS * 3600.0
         if duration > 1.0:
             duration = round(DURATION_STEP ** round(math.log(duration, DURATION_STEP)), 1)
-        return (job.gpus, duration, self.policy.checkpoint_every_s(job.project, job.checkpoint_s))
+        checkpoint = self.policy.checkpoint_every_s(job.project, job.checkpoint_s)
+        if not self.guard:
+            return (job.gpus, duration, checkpoint)
+        return (job.gpus, duration, checkpoint, self.restarts_allowed(job))
 
-    def rank(self, job: Job) -> list[Candidate]:
-        """The candidates for ``job``, by expected cost plus SLO risk (ties by key)."""
+    def restarts_allowed(self, job: Job) -> int:
+        """Restarts ``job``'s slack absorbs if it is launched for now (the SLO guard)."""
+        waited = max((self.now - job.submitted_at).total_seconds(), 0.0)  # type: ignore[operator]
+        slack = self.slo_s - waited - self.boot_s
+        if slack <= 0:
+            return 0
+        # One restart absorbed is what the guard needs (see _guarded): the class key stays 0/1.
+        return min(int(slack // self.restart_wait_s), 1)
+
+    def rank(self, job: Job, count: bool = True) -> list[Candidate]:
+        """The candidates for ``job``, by expected cost plus SLO risk (ties by key; with the SLO
+        guard, the spot offerings it passes over last). ``count``: the job is launched for (its
+        class is in :meth:`record`)."""
         key = self._class(job)
-        self._gpu_hours[key] = self._gpu_hours.get(key, 0.0) + key[0] * key[1] / 3600.0
+        if count:
+            self._gpu_hours[key] = self._gpu_hours.get(key, 0.0) + key[0] * key[1] / 3600.0
         entry = self._classes.get(key)
         if entry is None:
             memo_key = (key, self._world)
             with _MEMO_LOCK:
                 entry = _MEMO.get(memo_key)
             if entry is None:
-                gpus, duration, checkpoint = key
+                gpus, duration, checkpoint = key[:3]
                 prices = [price_job(gpus, duration, checkpoint, c, self.health.get(c.key),
                                     self.restart_s, self.boot_s, self.delay_rate)
                           for c in self.candidates]
+                if self.guard:
+                    prices = [self._guarded(p, key[3]) for p in prices]
                 order = sorted(range(len(prices)),
-                               key=lambda i: (prices[i].expected_cost_usd, prices[i].offering_key))
+                               key=lambda i: (prices[i].guarded, prices[i].expected_cost_usd,
+                                              prices[i].offering_key))
                 ranked = tuple(prices[i] for i in order)
                 entry = ([self.candidates[i] for i in order], ranked,
                          tuple(p.as_record() for p in ranked))
@@ -183,17 +245,40 @@ class SpotChooser:
             self._classes[key] = entry
         return entry[0]
 
+    def _guarded(self, price: JobPrice, restarts: int) -> JobPrice:
+        # Interrupted once, a job is requeued with no slack assumed (restarts_allowed 0): it goes
+        # back to spot only at odds of another interruption within the bound. So with room for
+        # one restart it misses only if the first attempt is cut (P(X >= 1)) and the second,
+        # on spot again, is cut too (at most the bound).
+        odds = poisson_tail(price.interruptions, 0)
+        if restarts >= 1:
+            odds *= self.max_odds  # type: ignore[operator]
+        return replace(price, slo_miss_odds=odds,
+                       guarded=price.market is Market.SPOT and odds > self.max_odds)
+
+    def burst_early(self, job: Job) -> bool:
+        """Whether a late ``job`` should burst now rather than at its deadline: its first choice
+        under the SLO guard is spot (waiting would spend the slack its restarts need)."""
+        if not self.guard:
+            return False
+        ranking = self.rank(job, count=False)
+        return bool(ranking) and ranking[0].offering.market is Market.SPOT
+
     def record(self) -> list[dict]:
         """The job classes ranked this tick (the largest by GPU-hours first), each with every
         alternative's expected cost, the chosen one first: the decision's ``inputs.spot_choice``."""
         largest = sorted(self._gpu_hours, key=lambda k: (
-            -self._gpu_hours[k], k[0], k[1], k[2] or 0.0))[:RECORDED_CLASSES]
+            -self._gpu_hours[k], k[0], k[1], k[2] or 0.0, k[3:]))[:RECORDED_CLASSES]
         out = []
         for key in largest:
-            gpus, duration, checkpoint = key
+            gpus, duration, checkpoint = key[:3]
             _, prices, records = self._classes[key]
-            out.append({"gpus": gpus, "duration_s": duration, "checkpoint_s": checkpoint,
-                        "gpu_hours": round(self._gpu_hours[key], 3),
-                        "chosen": prices[0].offering_key if prices else None,
-                        "alternatives": [dict(r) for r in records]})
+            row = {"gpus": gpus, "duration_s": duration, "checkpoint_s": checkpoint,
+                   "gpu_hours": round(self._gpu_hours[key], 3),
+                   "chosen": prices[0].offering_key if prices else None,
+                   "alternatives": [dict(r) for r in records]}
+            if self.guard:
+                row["restarts_allowed"] = key[3]
+                row["max_slo_miss_odds"] = self.max_odds
+            out.append(row)
         return out

@@ -56,6 +56,7 @@ class WaitSplit:
     boot: BootChoice | None = None  # the boot allowed (None: the policy's expected_boot)
     model: str = ""  # the on-prem model used ("" for the pooled default; see record())
     displaced: tuple[dict, ...] = ()  # trigger.displacement: who went to the cloud for whom
+    spot_early: int = 0  # late jobs made due before their deadline: spot first (SLO guard)
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
@@ -77,6 +78,8 @@ class WaitSplit:
         if trigger.displacement.enabled:
             out["displaced_jobs"] = len(self.displaced)
             out["displaced"] = list(self.displaced)
+        if policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds is not None:
+            out["spot_early_jobs"] = self.spot_early
         return out
 
     def text(self) -> str:
@@ -84,6 +87,10 @@ class WaitSplit:
         if self.displaced:
             parts.append(f"{len(self.displaced)} queued job(s) displaced to the cloud so dearer "
                          "ones keep their on-prem start")
+        if self.spot_early:
+            parts.append(f"{self.spot_early} late job(s) burst before their deadline: spot is "
+                         "their first choice and waiting would spend the slack restarts need "
+                         "(spot.max_slo_miss_odds)")
         if self.deferred:
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
                          "(predicted to start within wait_slo)")

@@ -454,6 +454,14 @@ class SpotChoice(PolicyModel):
         description="What an hour of delay to one GPU of a job costs (the SLO risk of a restart "
         "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings.",
     )
+    max_slo_miss_odds: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="SLO guard: a spot offering is passed over for a job (unless nothing else is "
+        "on offer) when the odds that its restarts push the job's wait past trigger.wait_slo "
+        "exceed this (interruptions Poisson at the offering's hazard; each restart waits a "
+        "boot and a tick); a late job whose best guarded choice is spot bursts at once rather "
+        "than at its deadline, while its slack can still absorb restarts. Unset: no guard.",
+    )
 
     @model_validator(mode="after")
     def _positive_interval(self) -> SpotChoice:

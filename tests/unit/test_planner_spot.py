@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from orchestrator.domain.snapshot import OfferingHealth
 from orchestrator.planner import plan
 from orchestrator.planner.offerings import Candidate
-from orchestrator.planner.spot import expected_work_s, price_job
+from orchestrator.planner.spot import expected_work_s, poisson_tail, price_job
+from orchestrator.policy import Market
 from tests.builders import T0, make_job, make_offering, make_policy, make_snapshot, offering_spec
 
 SPOT = offering_spec("g8s", price=4, market="spot")
@@ -125,3 +126,88 @@ def test_a_zero_checkpoint_interval_is_refused_naming_the_field():
         make_policy(projects=[{"name": "a", "checkpoint_every": "0s"}])
     with pytest.raises(PolicyError, match="spot.checkpoint_every"):
         make_policy(spot={"checkpoint_every": "0s"})
+
+
+# -- the SLO guard (spot.max_slo_miss_odds) ------------------------------------------------------
+
+def _guarded_policy(**spot):
+    return make_policy(offerings=[SPOT, ON_DEMAND, REGION_B],
+                       trigger={"wait_slo": "30m", "expected_boot": "5m"},
+                       spot={"by_expected_cost": True, "checkpoint_every": "30m",
+                             "max_slo_miss_odds": 0.01, **spot})
+
+
+def _calm_and_stormy(policy, hazard_h):
+    return {_key(policy, 0): OfferingHealth(_key(policy, 0), hazard_h, 0.0),
+            _key(policy, 2): OfferingHealth(_key(policy, 2), hazard_h, 0.0)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(mean=st.floats(0, 50), k=st.integers(0, 60))
+def test_poisson_tail_is_odds_falling_with_k_and_rising_with_the_mean(mean, k):
+    odds = poisson_tail(mean, k)
+    assert 0.0 <= odds <= 1.0
+    assert poisson_tail(mean, k + 1) <= odds + 1e-12
+    assert poisson_tail(mean + 0.5, k) >= odds - 1e-12
+    assert math.isclose(poisson_tail(mean, 0), -math.expm1(-mean), abs_tol=1e-12)
+
+
+def test_the_guard_sends_a_long_job_on_demand_where_expected_cost_alone_picks_spot():
+    # 20 h on a node interrupted 0.5 times an hour: ~10 restarts, far more than 30 min absorb.
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=25))
+    unguarded = _policy(checkpoint_every="30m")
+    [launch] = plan(_snapshot([job], _calm_and_stormy(unguarded, 0.5)), [unguarded], T0).launches
+    assert launch.offering.market is Market.SPOT
+    policy = _guarded_policy()
+    result = plan(_snapshot([job], _calm_and_stormy(policy, 0.5)), [policy], T0)
+    [launch] = result.launches
+    assert launch.offering.key == _key(policy, 1)  # on-demand
+    [choice] = result.decisions[0].inputs["spot_choice"]
+    assert choice["restarts_allowed"] == 0 and choice["max_slo_miss_odds"] == 0.01
+    spot_rows = [a for a in choice["alternatives"] if a["market"] == "spot"]
+    assert spot_rows and all(a["slo_guard"] and a["slo_miss_odds"] > 0.01 for a in spot_rows)
+    assert choice["alternatives"][0]["slo_guard"] is False
+
+
+def test_a_short_late_job_whose_choice_is_spot_bursts_at_once_not_at_its_deadline():
+    policy = _guarded_policy()
+    job = make_job("short", gpus=8, duration_s=600, wait=timedelta(minutes=1))
+    result = plan(_snapshot([job], _calm_and_stormy(policy, 0.05)), [policy], T0)
+    [launch] = result.launches
+    assert launch.offering.market is Market.SPOT
+    inputs = result.decisions[0].inputs
+    assert inputs["wait_aware"]["spot_early_jobs"] == 1
+    [choice] = inputs["spot_choice"]
+    assert choice["restarts_allowed"] == 1  # (30 - 1 - 5) min of slack: room for a restart (6 min)
+    assert "burst before their deadline" in result.decisions[0].summary
+
+
+def test_a_long_job_with_room_for_a_restart_starts_on_spot_at_once():
+    # Interrupted, it is requeued with no room assumed, and the guard then keeps it off spot.
+    policy = _guarded_policy()
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=1))
+    result = plan(_snapshot([job], _calm_and_stormy(policy, 0.5)), [policy], T0)
+    [launch] = result.launches
+    assert launch.offering.market is Market.SPOT
+    [choice] = result.decisions[0].inputs["spot_choice"]
+    assert choice["alternatives"][0]["slo_miss_odds"] <= 0.01
+
+
+def test_a_late_job_whose_guarded_choice_is_on_demand_waits_for_its_deadline():
+    policy = _guarded_policy()
+    # 20 min waited: 5 min of slack, no room for a 6-minute restart; its deadline is at 25 min
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=20))
+    result = plan(_snapshot([job], _calm_and_stormy(policy, 0.5)), [policy], T0)
+    assert not result.launches
+    assert result.decisions[0].inputs["wait_aware"]["spot_early_jobs"] == 0
+    assert result.decisions[0].inputs["wait_aware"]["waiting_jobs"] == 1
+
+
+def test_where_only_guarded_spot_is_on_offer_it_is_still_used():
+    policy = make_policy(offerings=[SPOT], trigger={"wait_slo": "30m", "expected_boot": "5m"},
+                         spot={"by_expected_cost": True, "checkpoint_every": "30m",
+                               "max_slo_miss_odds": 0.01})
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=25))
+    health = {_key(policy, 0): OfferingHealth(_key(policy, 0), 0.5, 0.0)}
+    [launch] = plan(_snapshot([job], health), [policy], T0).launches
+    assert launch.offering.key == _key(policy, 0)
