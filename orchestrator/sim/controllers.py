@@ -27,7 +27,7 @@ from time import perf_counter
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import Offering
-from orchestrator.domain.plan import ActionReason, Hold, Launch, Terminate
+from orchestrator.domain.plan import ActionReason, Hold, Launch, Rule, Terminate
 from orchestrator.domain.snapshot import PolicyMemory, Snapshot
 from orchestrator.planner import plan as make_plan
 from orchestrator.planner.admission import Admission, held_gpus
@@ -36,6 +36,7 @@ from orchestrator.planner.offerings import resolve_candidates
 from orchestrator.planner.placement import spans_nodes
 from orchestrator.policy.models import Policy
 from orchestrator.sim.burstpool import Spread
+from orchestrator.sim.idletick import IdleMode, IdleTicks
 from orchestrator.sim.pool import GpuPool
 from orchestrator.sim.spend import SpendMeter
 from orchestrator.sim.world import SimJob, at, seconds
@@ -80,10 +81,12 @@ class PolicyController(Controller):
     kind = "policy"
     periodic = True
 
-    def __init__(self, policy: Policy, name: str, *, sleep_when_idle: bool = True):
+    def __init__(self, policy: Policy, name: str, *, sleep_when_idle: bool = True,
+                 idle_ticks: IdleMode = IdleMode.SKIP):
         self.policy = policy
         self.name = name
         self.sleep_when_idle = sleep_when_idle  # False: plan every tick even in an empty world
+        self.idle_mode = IdleMode(idle_ticks)  # ticks plan() provably does nothing at (idletick)
         self._quiet = False
 
     def bind(self, engine) -> None:
@@ -102,6 +105,7 @@ class PolicyController(Controller):
         if getattr(self.policy, "budgets", ()) or any(
                 p.max_burst_gpus is not None for p in self.policy.projects):
             engine.world.admission = self.admission
+        self.idle = IdleTicks(self.policy, engine)
 
     def snapshot(self, now: float) -> Snapshot:
         engine = self.engine
@@ -144,6 +148,16 @@ class PolicyController(Controller):
             engine.next_tick = None
             return
         name = self.policy.name
+        idle = self.idle_mode is not IdleMode.PLAN and self.idle.holds(now)
+        if idle and self.idle_mode is IdleMode.SKIP:
+            # plan() would record a no-demand decision and change nothing (idletick).
+            engine.counters.idle_ticks += 1
+            engine.store.count_decision(str(Rule.NO_DEMAND))
+            engine.world.staging_held = frozenset()
+            self._quiet = self.sleep_when_idle and quiet  # (as after a plan that did nothing)
+            if self._quiet:
+                engine.next_tick = None
+            return
         before = engine.store.load_memory().get(name)
         acted = False
         for _ in range(1 + MAX_REPLANS):
@@ -156,6 +170,8 @@ class PolicyController(Controller):
             report = engine.executor.execute(plan)
             engine.settle(report)
             acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
+            if idle:  # IdleMode.CHECK: the rule said this plan does nothing
+                _check_idle(plan, before, now)
             if not report.capacity_errors:
                 break
             if not report.launched:
@@ -282,6 +298,15 @@ class ThresholdController(_Bursting):
             waiting = sorted(world.pending.values(), key=lambda j: j.key)
             actions += self.scale_up(waiting, now)
         self.run(actions, now)
+
+
+def _check_idle(plan, before: PolicyMemory | None, now: float) -> None:
+    [decision] = plan.decisions
+    memory = next(iter(plan.memory.values()))
+    if plan.actions or decision.rule is not Rule.NO_DEMAND or memory != (before or PolicyMemory()):
+        raise AssertionError(f"at {now:.0f} s the idle-tick rule skipped a plan that does "
+                             f"something: {decision.rule}: {decision.summary}; "
+                             f"{len(plan.actions)} action(s); memory {before} -> {memory}")
 
 
 def _staging_held(plan) -> frozenset[str]:

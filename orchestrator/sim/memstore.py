@@ -133,6 +133,11 @@ class SimStore:
             predicted = None if offset is None else decision.at + timedelta(seconds=offset)
             self.predictions.setdefault(job_id, []).append((decision.at, predicted))
 
+    def count_decision(self, rule: str) -> None:
+        """A decision the simulator knows without planning (a skipped idle tick,
+        :mod:`orchestrator.sim.idletick`): counted by rule, no record kept."""
+        self.rules[rule] += 1
+
     def load_memory(self) -> dict[str, PolicyMemory]:
         return dict(self._memory)
 

@@ -279,6 +279,7 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
     if controller.kind == "policy":
         extra["policy"] = policy.name
         extra["plans"] = counters.plans
+        extra["idle_ticks"] = counters.idle_ticks
         extra["ticks"] = counters.ticks
         extra["decisions_by_rule"] = dict(sorted(store.rules.items()))
         extra["held_back_by"] = dict(sorted(store.held_back.items()))

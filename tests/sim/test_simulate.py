@@ -13,6 +13,7 @@ from orchestrator.domain.nodes import NodeState
 from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
 from orchestrator.sim import SimulationError, load_trace, simulate
 from orchestrator.sim.controllers import PolicyController
+from orchestrator.sim.idletick import IdleMode
 from orchestrator.sim.replay import OnPremSizing, demand_percentile, size_onprem
 from orchestrator.sim.world import DONE, World
 from tests.sim.helpers import options, run_with, sim_policy, trace
@@ -89,7 +90,8 @@ def test_run_metrics_reconcile_with_the_trace():
     policy_run = result.data["runs"][0]
     assert policy_run["idle_burst_cost_usd"] <= policy_run["cloud_cost_usd"]
     assert 0 < policy_run["burst_utilisation"] <= 1
-    assert sum(policy_run["decisions_by_rule"].values()) == policy_run["plans"]
+    assert (sum(policy_run["decisions_by_rule"].values())
+            == policy_run["plans"] + policy_run["idle_ticks"])
     assert policy_run["projects"]["cluster10"]["jobs"] == len(SAMPLE.jobs)
 
 
@@ -109,7 +111,8 @@ def test_sleeping_through_an_empty_world_changes_no_result():
     jobs = trace(("a", 0, 600, 8), ("b", 10, 600, 4), ("c", 50_000, 900, 8), ("d", 50_000, 900, 8))
     results = []
     for sleep in (True, False):
-        engine = run_with(lambda p: PolicyController(p, "s", sleep_when_idle=sleep), policy, jobs)
+        engine = run_with(lambda p: PolicyController(p, "s", sleep_when_idle=sleep,
+                                                     idle_ticks=IdleMode.PLAN), policy, jobs)
         results.append((
             [(j.trace.job_id, j.wait_s, j.where, j.end_s) for j in engine.world.jobs],
             [(n.id, n.created_at, n.state_since, n.state) for n in

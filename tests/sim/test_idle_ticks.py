@@ -1,0 +1,86 @@
+"""Skipping the ticks at which ``plan()`` provably does nothing (orchestrator.sim.idletick)
+changes no outcome: every job's start, end, place and wait, every node's life, the cost and the
+decisions counted by rule are those of planning every tick; and with every skipped tick planned
+and checked (``IdleMode.CHECK``) no plan does anything the rule said it would not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
+from orchestrator.sim import load_trace
+from orchestrator.sim.controllers import PolicyController
+from orchestrator.sim.idletick import IdleMode
+from orchestrator.sim.replay import as_simulated, replay, size_onprem
+from orchestrator.sim.traces import Trace, TraceError
+from tests.sim.helpers import options, run_with, sim_policy, trace
+
+ITP_DEFAULT = Path(__file__).resolve().parents[2] / "bench" / "policies" / "itp-default.yaml"
+SAMPLE = load_trace("itp-sample")
+
+
+def _outcome(engine):
+    return (
+        [(j.trace.job_id, j.state, j.start_s, j.end_s, j.where, j.wait_s, j.burst_nodes,
+          j.restarts) for j in engine.world.jobs],
+        [(n.id, n.offering_key, n.created_at, n.state_since, n.state, n.launched_for)
+         for n in engine.store.nodes(include_terminated=True)],
+        sum(b.cost_micro_usd for b in engine.provider.bills()),
+        dict(engine.store.rules),
+        dict(engine.store.held_back),
+        engine.store.predictions,
+    )
+
+
+def _replay_modes(policy, jobs: Trace, node_gpus: int | None = None, **option_overrides):
+    """The engine of each mode, on-prem at the p70 of the trace's demand."""
+    opts = options(onprem="p70", node_gpus=node_gpus, **option_overrides)
+    sizing = size_onprem(jobs, policy, opts.onprem, opts.node_gpus)
+    sim = as_simulated(policy, sizing)
+    return {mode: replay(PolicyController(sim, policy.name, idle_ticks=mode), policy, sim, jobs,
+                         sizing, opts) for mode in IdleMode}
+
+
+def _assert_same(engines) -> None:
+    planned = engines[IdleMode.PLAN]
+    skipped = engines[IdleMode.SKIP]
+    assert _outcome(skipped) == _outcome(planned)
+    assert _outcome(engines[IdleMode.CHECK]) == _outcome(planned)
+    assert planned.counters.idle_ticks == 0
+    assert skipped.counters.plans + skipped.counters.idle_ticks == planned.counters.plans
+    assert skipped.counters.idle_ticks > 0  # (the case is exercised)
+
+
+@pytest.mark.parametrize("node_gpus", [4, 8])
+def test_the_itp_sample_under_the_sized_default(node_gpus):
+    _assert_same(_replay_modes(load_policy(ITP_DEFAULT), SAMPLE, node_gpus))
+
+
+def test_the_itp_sample_with_capacity_errors_and_spot_interruptions():
+    # Capacity blocks in force (the rule plans through them) and nodes that go away, handing
+    # their jobs back to the queue.
+    rates = {"spot_capacity_error": 0.2, "interruptions_per_hour": 0.3}
+    _assert_same(_replay_modes(load_policy(ITP_DEFAULT), SAMPLE, 4, rates=rates, seed=3))
+
+
+def test_idle_nodes_reaching_idle_for_at_a_tick_and_min_nodes():
+    # Nodes go idle at odd instants and reach idle_for (10 min) exactly at ticks; busy nodes
+    # with nothing pending between the bursts; min_nodes keeps one.
+    jobs = trace(("a", 0, 600, 8), ("b", 0, 1260, 8), ("c", 0, 3000, 8), ("d", 30, 7200, 8),
+                 ("e", 4000, 600, 8), ("f", 4020, 600, 8), ("g", 9000, 300, 8))
+    for policy in (sim_policy(), sim_policy(limits={"min_nodes": 1, "max_nodes": 20})):
+        engines = {mode: run_with(lambda p, m=mode: PolicyController(p, "t", idle_ticks=m),
+                                  policy, jobs) for mode in IdleMode}
+        _assert_same(engines)
+
+
+def test_a_day_of_the_full_itp_trace():
+    try:
+        full = load_trace("itp")
+    except TraceError:
+        pytest.skip("the full ITP trace is not in the shared data")
+    start = full.jobs[0].submit_s
+    day = Trace("itp[1d]", tuple(j for j in full.jobs if j.submit_s < start + 86400), full.source)
+    _assert_same(_replay_modes(load_policy(ITP_DEFAULT), day, 4))
