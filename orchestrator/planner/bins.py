@@ -194,6 +194,31 @@ class OwnedBins:
                 return self._take(index, gpus)
         return None
 
+    def class_rooms(self, klass: object) -> list[list[int]]:
+        """The live bins of ``klass`` per free room, each list in entry order (the last is the
+        one :meth:`place` takes first): a copy, for :meth:`settle`."""
+        free = self.free
+        per_room = self._by_class.get(klass) or [[] for _ in self._buckets]
+        return [[i for i in entries if free[i] == room] for room, entries in enumerate(per_room)]
+
+    def settle(self, klass: object, rooms: list[list[int]], taken: list[tuple[int, int]]) -> None:
+        """Adopt what was placed on ``klass``'s bins outside :meth:`place`: ``rooms`` its live
+        bins per room after (from :meth:`class_rooms`, each placement popping a bin off the end
+        of the smallest room that fits and pushing it onto its new room), ``taken`` each
+        placement's (bin, GPUs) in order. The state is then what as many :meth:`place` calls
+        with only ``klass`` allowed would leave."""
+        free, stamp = self.free, self._stamp
+        for index, gpus in taken:
+            left = free[index] - gpus
+            free[index] = left
+            self.total -= gpus
+            self.class_free[klass] -= gpus
+            self._seq += 1
+            stamp[index] = self._seq
+            self._buckets[left].append(index)
+        if klass in self._by_class:
+            self._by_class[klass] = rooms
+
     def _take(self, index: int, gpus: int) -> int:
         free, stamp = self.free, self._stamp
         left = free[index] - gpus

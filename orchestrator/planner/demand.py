@@ -16,9 +16,10 @@ Speed (100k pending jobs): the queue is read as columns
 (:class:`~orchestrator.domain.pending.PendingColumns`: what a queue source builds from its query,
 or built once from a tuple of jobs); the scheduling order is one ``numpy.lexsort`` of them,
 memoized on the identity of the pending sequence (:func:`ordered`, :mod:`.order`); once nothing
-is free anywhere, the rest of the order is unmet; under quotas alone, once only projects' own
-nodes are left to projects over their quotas, the rest is placed per project
-(:mod:`.quota_cut`). The unmet jobs are tallied on the columns (:func:`_tally`), not job by job.
+is free anywhere, the rest of the order is unmet; under quotas alone the loop is
+:mod:`.quota_absorb`'s (quota headroom per project code, the columns turned into lists chunk by
+chunk), and once only projects' own nodes are left to projects over their quotas, the rest is
+placed per project (:mod:`.quota_cut`). The unmet jobs are tallied on the columns (:func:`_tally`), not job by job.
 The ordered, unmet and burst-absorbed jobs are :class:`~orchestrator.domain.pending.JobsView` s:
 positions, each Job made only when read. The bins: :mod:`.bins`.
 """
@@ -38,8 +39,8 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.pending import JobsView, PendingColumns
 from orchestrator.domain.snapshot import PoolQueue
-from orchestrator.planner.admission import ANY_NODE, NodeAdmitter
-from orchestrator.planner.bins import Bins, OwnedBins
+from orchestrator.planner.admission import NodeAdmitter
+from orchestrator.planner.bins import Bins
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.offerings import expected_hours
 from orchestrator.planner.order import (  # noqa: F401  (_ORDER_MEMO: the benches clear it)
@@ -49,7 +50,8 @@ from orchestrator.planner.order import (  # noqa: F401  (_ORDER_MEMO: the benche
     scheduling_order,
 )
 from orchestrator.planner.placement import spans_nodes
-from orchestrator.planner.quota_cut import OwnPlacement, own_bins_only, place_own
+from orchestrator.planner.quota_absorb import absorb_quotas
+from orchestrator.planner.quota_cut import OwnPlacement
 from orchestrator.policy.models import Policy
 
 @dataclass(frozen=True, slots=True)
@@ -159,45 +161,27 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     rows = order.order
     stop = len(rows)  # from here on nothing is free anywhere: the rest is all unmet
     own: OwnPlacement | None = None  # the quota cut's placements from ``stop`` on
-    if onprem.total or burst.total:
+    if (onprem.total or burst.total) and admit is not None and admit.quotas_only and not spans:
+        # Quotas only, and no job spread over nodes (the one other placement on these bins):
+        # the bins by whose node they are (the Bins are replaced after absorption).
+        quota_only = absorb_quotas(order, onprem, burst, admit)
+        stop, own, busy = quota_only.stop, quota_only.own, quota_only.busy
+        onprem_absorbed, burst_rows, unmet_rows = (quota_only.onprem, quota_only.burst_rows,
+                                                   quota_only.unmet_rows)
+        onprem_gpus, burst_gpus = quota_only.onprem_gpus, quota_only.burst_gpus
+    elif onprem.total or burst.total:
         rows_list = rows.tolist()
         refused: dict[tuple[int, int, float], int] = {}
-        classes = owned = None
-        next_cut = stop  # where the quota cut is next looked for (quotas only)
         if admit is not None:  # what a verdict reads of a job besides its width, per row
             codes = columns.project.tolist()
             durations_key = np.nan_to_num(columns.duration_s, nan=-1.0).tolist()
-            names = columns.projects
-            admission = admit.admission
-            # Quotas only, and no job spread over nodes (the one other placement on these
-            # bins): the bins by whose node they are (the Bins are replaced after absorption).
-            classes = (list(map(admit.node_class, owners)) if admit.quotas_only and not spans
-                       else None)
-            if classes is not None:
-                owned = OwnedBins(burst, classes)
-                next_cut = 0
-                codes_in_order = columns.project[rows]
-                gpus_in_order = columns.gpus[rows]
         for index, gpus in enumerate(order.gpus_in_order()):
             if not onprem.total and not burst.total:
                 stop = index
                 break
-            if index >= next_cut:
-                # Every bin left only a project's own and every project over its quota: the
-                # rest is placed per project on the columns (:mod:`.quota_cut`). Looked for
-                # when nodes in flight or on-prem fill up, else at doubling gaps (each look
-                # reads the rest of the queue).
-                if own_bins_only(owned, onprem, admission, codes_in_order[index:],
-                                 gpus_in_order[index:], names):
-                    own = place_own(owned, codes_in_order[index:], gpus_in_order[index:], names)
-                    stop = index
-                    break
-                next_cut = index + max(index, 256)
             if onprem.total and onprem_place(gpus) is not None:
                 onprem_absorbed.append(job_at(rows_list[index]))
                 onprem_gpus += gpus
-                if not onprem.total and owned is not None:
-                    next_cut = index + 1  # on-prem is full
                 continue
             # Burst nodes take a job only on one node (the built-in queue's dispatcher places no
             # job across nodes): a wider job is never absorbed there, so no node counts as
@@ -216,33 +200,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
                     # bins only fill and no start loosened admission (NodeAdmitter.loosened):
                     # without this, each job of a project over its quota asked every node.
                     key = (codes[row], gpus, durations_key[row])
-                    if owned is not None:
-                        # Quotas only: a job within its quota is admitted on any bin (the
-                        # plain best fit), one over it only on its project's nodes and nodes
-                        # in flight; the chosen node's start is then taken as the dispatcher
-                        # would (its verdict is a yes by construction).
-                        project = names[codes[row]]
-                        placed = None
-                        if admission.over_quota(project, gpus):
-                            if refused.get(key) != admit.loosened:
-                                placed = owned.place(gpus, (ANY_NODE, project))
-                                if placed is None:
-                                    refused[key] = admit.loosened
-                        else:
-                            placed = owned.place(gpus)
-                        if placed is not None:
-                            used = [placed]
-                            burst.total = owned.total  # the loop's stop reads it
-                            klass = classes[placed]
-                            if klass is ANY_NODE:
-                                # A node in flight: covered, nothing taken (NodeAdmitter).
-                                if not owned.class_free[ANY_NODE]:
-                                    next_cut = index + 1  # the last node in flight is full
-                            elif klass != project:
-                                # A foreign ready node: the start counts to both quotas
-                                # (on its own project's node a start changes nothing).
-                                admit(job_at(row), owners[placed])
-                    elif refused.get(key) != admit.loosened:
+                    if refused.get(key) != admit.loosened:
                         job = job_at(row)
                         used = burst.place_if(gpus, lambda i, job=job: admit(job, owners[i]))
                         if used is None:

@@ -83,26 +83,41 @@ def place_own(owned: OwnedBins, codes: np.ndarray, gpus: np.ndarray,
             continue  # no bin of its own left: all its remaining jobs are unmet
         where = grouped[bounds[code]:bounds[code + 1]]
         widths = gpus[where]
-        allowed = (ANY_NODE, project)
+        # Best fit on the project's own bins alone (no node in flight has room left), as
+        # ``owned.place(width, (ANY_NODE, project))`` picks: the last live bin of the smallest
+        # room that fits, moved to its new room; on a copy of its rooms, adopted after.
+        rooms = owned.class_rooms(project)
+        top = len(rooms)
+        taken: list[tuple[int, int]] = []
+        room_left = free[project]
         limit = owned.node_size + 1  # the narrowest width refused so far
         start, chunk = 0, 64
-        while start < len(widths) and free[project] > 0 and limit > 1:
+        while start < len(widths) and room_left > 0 and limit > 1:
             window = widths[start:start + chunk]
             for hit in np.flatnonzero((window < limit) & (window > 0)).tolist():
                 width = int(window[hit])
                 if width >= limit:
                     continue
-                room = free[project]
-                at = owned.place(width, allowed) if width <= room else None
+                at = None
+                if width <= room_left:
+                    for room in range(width, top):
+                        entries = rooms[room]
+                        if entries:
+                            at = entries.pop()
+                            rooms[room - width].append(at)
+                            break
                 if at is None:
                     limit = width  # no bin of room >= width: every wider job is refused too
                     continue
+                taken.append((at, width))
                 placed.append((int(where[start + hit]), at))
                 total += width
-                if free[project] <= 0:
+                room_left -= width
+                if room_left <= 0:
                     break
             start += len(window)
             chunk *= 2
+        owned.settle(project, rooms, taken)
     placed.sort()
     return OwnPlacement(np.array([p for p, _ in placed], dtype=np.int64),
                         [b for _, b in placed], total)

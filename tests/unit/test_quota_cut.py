@@ -99,7 +99,7 @@ def test_the_cut_fires_and_places_each_project_on_its_own_nodes(monkeypatch) -> 
         calls.append(len(args[2]))
         return real(*args)
 
-    monkeypatch.setattr("orchestrator.planner.demand.place_own", spy)
+    monkeypatch.setattr("orchestrator.planner.quota_absorb.place_own", spy)
     specs = [("ab"[i % 2] if i % 7 else "b", i % 2, i % 9, [1, 2, 1, 4, 8][i % 5], 600.0)
              for i in range(50)]
     nodes = [("a", 0, NodeState.READY), ("a", 6, NodeState.READY), ("b", 0, NodeState.READY),
