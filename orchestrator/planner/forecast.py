@@ -45,6 +45,30 @@ class _Profile:
         self.times: list[float] = [0.0]
         self.free: list[int] = [free_now]
 
+    @classmethod
+    def build(cls, free_now: int, taken: list[tuple[int, float]],
+              freed: list[tuple[float, int]]) -> _Profile:
+        """The profile :meth:`add` gives for ``(gpus, end)`` in ``taken`` taken from 0 to
+        ``end`` and ``(start, gpus)`` in ``freed`` freed from ``start`` for ever, with the same
+        steps, in one sort instead of one pass over the steps per call (hundreds of releases
+        at every tick that bursts made that quadratic)."""
+        deltas: dict[float, int] = {0.0: 0}
+        for gpus, end in taken:
+            deltas[0.0] -= gpus
+            if end != INF:
+                deltas[end] = deltas.get(end, 0) + gpus
+        for start, gpus in freed:
+            deltas[start] = deltas.get(start, 0) + gpus
+        profile = cls(free_now)
+        times = sorted(deltas)
+        free = []
+        level = free_now
+        for t in times:
+            level += deltas[t]
+            free.append(level)
+        profile.times, profile.free = times, free
+        return profile
+
     def add(self, gpus: int, start: float, end: float) -> None:
         """``gpus`` more free (negative: fewer) from ``start`` to ``end`` (INF: for ever)."""
         i = split_step(self.times, self.free, start)
@@ -68,11 +92,11 @@ def predict_onprem_starts(unmet: Iterable[Job], onprem_absorbed: Iterable[Job], 
     out: dict[str, float | None] = {}
     if not left:
         return out
-    profile = _Profile(queue.onprem.free_gpus)
-    for job in onprem_absorbed:  # they start now, on GPUs counted free above
-        profile.add(-job.gpus, 0.0, _length(job))
-    for release in queue.onprem_releases:
-        profile.add(release.gpus, max((release.ends_at - now).total_seconds(), 0.0), INF)
+    # The absorbed jobs start now, on GPUs counted free above; the releases free theirs for ever.
+    profile = _Profile.build(queue.onprem.free_gpus,
+                             [(job.gpus, _length(job)) for job in onprem_absorbed],
+                             [(max((r.ends_at - now).total_seconds(), 0.0), r.gpus)
+                              for r in queue.onprem_releases])
     for placed, job in enumerate(unmet):
         if placed >= MAX_JOBS:
             break

@@ -4,6 +4,8 @@
   the on-prem pool, or behind a job that holds GPUs for ever, gets no prediction.
 * Property: the predicted schedule never uses more GPUs than the profile has free at any moment,
   and every job starts at the earliest moment it could given the jobs ahead of it.
+* Property: the profile built in one sort has the steps and free GPUs of adding each absorbed
+  job and release one by one.
 * A scale-up decision records the prediction per launched-for job (``inputs.burst_wait``).
 """
 
@@ -17,7 +19,8 @@ from hypothesis import strategies as st
 
 from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
 from orchestrator.planner import plan
-from orchestrator.planner.forecast import predict_onprem_starts
+from orchestrator.planner.backfill import INF
+from orchestrator.planner.forecast import _Profile, predict_onprem_starts
 from tests.builders import POOL, T0, make_job, make_policy, make_snapshot
 
 S = timedelta(seconds=1)
@@ -103,3 +106,21 @@ def test_a_tick_that_launches_nothing_records_no_prediction() -> None:
     snapshot = make_snapshot([make_job("j1", gpus=1)], onprem_free=[8])
     result = plan(snapshot, [make_policy()], T0)
     assert not result.launches and "burst_wait" not in result.decisions[0].inputs
+
+
+_TIMES = st.sampled_from([0.0, 1.0, 5.0, 60.0, 61.5, 600.0, 3600.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 64),
+       st.lists(st.tuples(st.integers(1, 16), st.one_of(_TIMES.filter(bool), st.just(INF))),
+                max_size=8),
+       st.lists(st.tuples(_TIMES, st.integers(1, 16)), max_size=12))
+def test_the_profile_built_at_once_is_the_one_added_up_step_by_step(free, taken, freed):
+    stepwise = _Profile(free)
+    for gpus, end in taken:
+        stepwise.add(-gpus, 0.0, end)
+    for start, gpus in freed:
+        stepwise.add(gpus, start, INF)
+    built = _Profile.build(free, taken, freed)
+    assert (built.times, built.free) == (stepwise.times, stepwise.free)
