@@ -166,15 +166,14 @@ class OnPremFill:
 
     def _reserve_wide(self, gpus: int, now: float) -> tuple[float, frozenset[int]]:
         """The reservation of a job wider than a node: whole nodes in the order they free up
-        (by their last running job's expected end; an empty node at ``now``), lowest index on
-        ties, until their GPUs cover it. The nodes' free times are kept while the pool does
-        not change (a pass over every run on every node was most of a dispatch)."""
+        (by their last running job's expected end, the world's ``_last_end``; an empty node at
+        ``now``), lowest index on ties, until their GPUs cover it; the order is kept while the
+        pool does not change (a pass over every run on every node was most of a dispatch)."""
         pool = self.onprem
-        runs = self._node_runs
         if self._wide_cache[0] != pool.version:
-            busy = sorted((max(end for end, _ in on.values()), i)
-                          for i, on in runs.items() if on and i in pool.size)
-            empty = [i for i in sorted(pool.size) if not runs[i]]
+            last = self._last_end
+            busy = sorted((end, i) for i, end in last.items() if i in pool.size)
+            empty = [i for i in sorted(pool.size) if i not in last]
             self._wide_cache = (pool.version, busy, empty)
         _, busy, empty = self._wide_cache
         if busy and busy[0][0] <= now:

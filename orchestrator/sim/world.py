@@ -107,6 +107,9 @@ class World(OnPremFill, BurstFill):
         self.started: list[SimJob] = []  # filled by dispatch; the engine schedules their ends
         self._free_cache: tuple[int, tuple[int, ...]] = (-1, ())
         self._reserve_cache: tuple = (None, None)  # the last easy reservation (onprem_fill)
+        # On-prem node -> the latest expected end of its runs (busy nodes only), kept as runs
+        # start and end: when a wide job's reservation can have the node.
+        self._last_end: dict[int, float] = {}
         self._wide_cache: tuple = (-1, [], [])  # on-prem nodes' free times (onprem_fill)
         # Expected end of each on-prem running job (start + its duration, the trace's "time
         # limit"), for the wait-aware rule; kept per job so a snapshot only gathers them.
@@ -218,8 +221,11 @@ class World(OnPremFill, BurstFill):
             ends = at(end)
             self._releases[job.index] = tuple(OnPremRelease(used, ends, index)
                                               for index, used in alloc)
+            last = self._last_end
             for index, used in alloc:
                 self._node_runs[index][job.index] = (end, used)
+                if end > last.get(index, -math.inf):
+                    last[index] = end
             return
         self.running_burst += 1
         if job.burst_start_s is None:
@@ -263,8 +269,15 @@ class World(OnPremFill, BurstFill):
             self.running_onprem -= 1
             del self.onprem_running[job.index]
             self._releases.pop(job.index, None)
+            last = self._last_end
             for index, _ in job.alloc:
-                self._node_runs[index].pop(job.index, None)
+                on_node = self._node_runs[index]
+                ended = on_node.pop(job.index, None)
+                if ended is not None and ended[0] >= last[index]:  # (its last run ended)
+                    if on_node:
+                        last[index] = max(end for end, _ in on_node.values())
+                    else:
+                        del last[index]
             self.onprem.release(job.alloc)
             self.onprem_gpu_s += job.gpus * runtime
         else:
