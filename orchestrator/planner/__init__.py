@@ -80,7 +80,7 @@ from orchestrator.planner.scaleup import (
     pool_budget,
 )
 from orchestrator.planner.boot import BootChoice, choose_boot
-from orchestrator.planner.wait import NodeRules, WaitSplit, split_unmet
+from orchestrator.planner.wait import NodeRules, WaitSplit, split_pooled_view, split_unmet
 from orchestrator.planner.wait_nodes import cheapest_cost, node_space_problem
 from orchestrator.policy.models import Policy, TriggerCombine, WaitModel
 
@@ -412,6 +412,11 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         return WaitSplit(unmet, (), (), boot=boot,
                          model=_model_name(policy, queue))
     early = unmet.where(~late)
+    if policy.trigger.wait_model is not WaitModel.NODES:  # the pooled model, on the columns
+        split, early_due = split_pooled_view(early, onprem_absorbed, queue, policy, now, boot)
+        due = late.copy()
+        due[np.flatnonzero(~late)[early_due]] = True
+        return replace(split, due=unmet.where(due))
     split = split_unmet(tuple(early), onprem_absorbed, queue, policy, now, boot, rules)
     due = late.copy()
     if split.due:  # the early due jobs are a subsequence of ``early``: matched in one walk

@@ -112,9 +112,19 @@ class Demand:
             return self.without_tallies(unmet)
         left = dict(by_project)
         kept = Counter(widths)
-        for job in removed:
-            left[job.project] -= job.gpus
-            kept[job.gpus] -= 1
+        if isinstance(removed, JobsView):  # on the columns: no Job made for each removed job
+            codes, gpus = removed.column("project"), removed.column("gpus")
+            names = removed.columns.projects
+            present = np.bincount(codes, minlength=len(names))
+            totals = np.bincount(codes, weights=gpus, minlength=len(names))
+            for code in np.flatnonzero(present).tolist():
+                left[names[code]] -= int(totals[code])
+            for width, count in zip(*(a.tolist() for a in np.unique(gpus, return_counts=True))):
+                kept[width] -= count
+        else:
+            for job in removed:
+                left[job.project] -= job.gpus
+                kept[job.gpus] -= 1
         if any(gpus <= 0 for gpus in left.values()):
             return self.without_tallies(unmet)
         order: dict[str, int] = {}  # projects in the order of their first job still unmet

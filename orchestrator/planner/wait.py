@@ -35,7 +35,10 @@ from datetime import datetime, timedelta
 
 from collections.abc import Callable
 
+import numpy as np
+
 from orchestrator.domain.jobs import Job
+from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.boot import BootChoice
 from orchestrator.planner.wait_nodes import node_space_problem, split_on_nodes
@@ -137,20 +140,11 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     else:
         model = ""
     horizon = max((d for d, past in zip(deadlines, late) if not past), default=0.0)
-    slots = max(int(horizon // STEP_S) + 2, 2)
-    free = [queue.onprem.free_gpus] * slots
+    free = _timeline(horizon, onprem_absorbed, queue, now)
+    slots = len(free)
 
     def hold(gpus: int, start: int, duration_s: float | None) -> None:
-        end = slots if duration_s is None else min(start + _length(duration_s), slots)
-        for k in range(start, end):
-            free[k] -= gpus
-
-    for job in onprem_absorbed:  # they start now, on GPUs counted free above
-        hold(job.gpus, 0, job.duration_s)
-    for release in queue.onprem_releases:
-        k = max(math.ceil((release.ends_at - now).total_seconds() / STEP_S), 0)
-        for i in range(k, slots):
-            free[i] += release.gpus
+        _hold(free, gpus, start, duration_s)
 
     due: list[Job] = []
     deferred: list[Job] = []
@@ -201,6 +195,74 @@ def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQ
     return WaitSplit(tuple(unmet[i] for i in due_at), tuple(jobs[k] for k in result.deferred),
                      tuple(waiting), at, boot=boot, model="nodes",
                      displaced=tuple(result.records))
+
+
+def split_pooled_view(early: JobsView, onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
+                      policy: Policy, now: datetime, boot: BootChoice | None = None
+                      ) -> tuple[WaitSplit, np.ndarray]:
+    """The pooled split of ``early`` (unmet jobs, in scheduling order, none past its deadline),
+    read on the columns: what :func:`split_unmet` decides for ``tuple(early)`` with the pooled
+    model, with views for its job lists, and the mask of ``early``'s due jobs.
+
+    Only a job no wider than the widest free GPU count on the timeline can be deferred (wider,
+    every window is short), and that count only falls as deferred jobs hold GPUs: the others
+    are told due or waiting by their deadline on the columns, with no Job made and no minute
+    scanned (at 1M pending jobs, ~17k jobs within their SLO and no free on-prem GPU: all)."""
+    slo = policy.trigger.wait_slo
+    assert slo is not None
+    boot_td = (policy.trigger.expected_boot if boot is None
+               else timedelta(seconds=boot.seconds))
+    lead = slo.total_seconds() - boot_td.total_seconds()
+    # As split_unmet's (submitted_at - now).total_seconds() + lead: exact microseconds over 1e6,
+    # one correctly rounded division either way, then the same float sum.
+    deadlines = (early.column("submitted_us") - to_us(now)) / 1e6 + lead
+    horizon = float(deadlines.max()) if len(deadlines) else 0.0
+    free = _timeline(horizon, onprem_absorbed, queue, now)
+    gpus = early.column("gpus")
+    deferred = np.zeros(len(early), dtype=bool)
+    peak = max(free)
+    candidates = np.flatnonzero(gpus <= peak)
+    if len(candidates):
+        durations = early.column("duration_s")[candidates].tolist()
+        for i, width, duration, deadline in zip(candidates.tolist(), gpus[candidates].tolist(),
+                                                durations, deadlines[candidates].tolist()):
+            if width > peak:
+                continue
+            length = None if math.isnan(duration) else duration
+            start = _first_fit(free, width, length, int(deadline // STEP_S))
+            if start is not None:
+                _hold(free, width, start, length)
+                deferred[i] = True
+                peak = max(free)
+    burst_in = deadlines - TICK_S
+    due = ~deferred & (burst_in <= 0)
+    waiting = ~deferred & ~due
+    earliest = float(burst_in[waiting].min()) if waiting.any() else None
+    at = None if earliest is None else now + timedelta(seconds=earliest)
+    return WaitSplit(early.where(due), early.where(deferred), early.where(waiting), at,
+                     boot=boot), due
+
+
+def _timeline(horizon: float, onprem_absorbed: tuple[Job, ...], queue: PoolQueue,
+              now: datetime) -> list[int]:
+    """Free on-prem GPUs per simulated minute up to ``horizon`` (s from now): free now, less
+    what the jobs absorbed this tick hold, plus the running jobs' releases."""
+    slots = max(int(horizon // STEP_S) + 2, 2)
+    free = [queue.onprem.free_gpus] * slots
+    for job in onprem_absorbed:  # they start now, on GPUs counted free above
+        _hold(free, job.gpus, 0, job.duration_s)
+    for release in queue.onprem_releases:
+        k = max(math.ceil((release.ends_at - now).total_seconds() / STEP_S), 0)
+        for i in range(k, slots):
+            free[i] += release.gpus
+    return free
+
+
+def _hold(free: list[int], gpus: int, start: int, duration_s: float | None) -> None:
+    slots = len(free)
+    end = slots if duration_s is None else min(start + _length(duration_s), slots)
+    for k in range(start, end):
+        free[k] -= gpus
 
 
 def _length(duration_s: float) -> int:
