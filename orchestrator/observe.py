@@ -23,7 +23,7 @@ from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.offerings import Offering
 from orchestrator.domain.ports import Provider, ProviderError, QueueSource
 from orchestrator.domain.boot import BootLearner
-from orchestrator.domain.capacity import CapacityLearner
+from orchestrator.domain.capacity import CapacityLearner, region_market
 from orchestrator.domain.snapshot import (
     BootEstimate,
     BudgetSpend,
@@ -37,6 +37,8 @@ from orchestrator.store import Store
 from orchestrator.store.queueread import QueueRead
 
 log = logging.getLogger(__name__)
+# Nodes whose hours do not count as exposure to a reclaim (never launched, or already ended).
+_NOT_EXPOSED = frozenset({NodeState.REQUESTED, NodeState.TERMINATED, NodeState.FAILED})
 HEALTH_EVENTS = 20_000  # the latest node events the learned capacity reads (days of a busy pool)
 
 # A node's copy with its usage, built positionally: ``dataclasses.replace`` costs three times a
@@ -167,7 +169,7 @@ class Observer:
         prior): a launch that went through (-> launching) or failed for lack of capacity, and a
         node's end after its launch (terminated, or failed: interrupted when the instance
         vanished at the provider, the reconciler's record of a spot reclaim)."""
-        learner = CapacityLearner(self.capacity_prior)
+        learner = CapacityLearner(self.capacity_prior, pool_by=region_market)
         nodes = {n.id: n for n in self.store.nodes(include_terminated=True)}
         keys = {o.key for o in self.catalogue()}
         keys.update(spec.key for p in self.policies for spec in p.offerings)
@@ -187,6 +189,9 @@ class Observer:
                 ended.add(event.node_id)
                 learner.ran(key, (event.at - node.created_at).total_seconds() / 3600.0, t,
                             interrupted=event.reason.startswith("instance vanished"))
+        for node in nodes.values():  # the exposure of nodes still alive (launch to now)
+            if node.id not in ended and node.state not in _NOT_EXPOSED:
+                learner.started(node.offering_key, node.id, node.created_at.timestamp() / 3600.0)
         return learner.snapshot(sorted(keys), now.timestamp() / 3600.0)
 
     def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:

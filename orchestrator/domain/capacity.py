@@ -11,8 +11,19 @@ moves: what held yesterday counts half today), and sits on a prior that does not
   offering (:func:`bucket_hazard`; none: 0);
 * stockout odds = decayed refusals / (``prior_launches`` + decayed launch attempts).
 
-O(1) per event and per query of one offering, so the simulator can feed it every node event of a
-full trace. The observer (production) and the simulator's controller build the snapshot's
+The node-hours include the exposure of nodes still alive (:meth:`CapacityLearner.started`: launch
+to now, not decayed): counted only at their end, the hours would lag the interruptions (a reclaim
+ends a node early, a long survivor counts only when it ends), and the hazard would be
+over-stated while survivors run.
+
+With ``pool_by`` (:func:`region_market`: provider, region and market), the counts of every
+offering of a group are pooled: an interruption or a refusal of one instance type in a region
+says the same of its other types there (spot capacity in a region moves together: one crunch
+reclaims them all), so a type not yet tried is not planned at its published prior alone while its
+region is being reclaimed. Each offering keeps its own prior.
+
+O(1) per event and O(group) per query of one offering, so the simulator can feed it every node
+event of a full trace. The observer (production) and the simulator's controller build the snapshot's
 ``offering_health`` from it.
 """
 
@@ -43,6 +54,12 @@ def bucket_prior(buckets: dict[tuple[str, str], int]) -> Callable[[str], float]:
             return 0.0
         return bucket_hazard(buckets.get((parts[1], parts[3]), UNLISTED_BUCKET))
     return prior
+
+
+def region_market(key: str) -> str:
+    """An offering key's (provider, region, market): the group whose capacity moves together."""
+    parts = key.split("/")
+    return "/".join((parts[0], parts[1], parts[-1])) if len(parts) == 5 else key
 
 
 def bucket_hazard(bucket: int) -> float:
@@ -78,6 +95,11 @@ class _Stats:
     interruptions: _Decayed = field(default_factory=_Decayed)
     launches: _Decayed = field(default_factory=_Decayed)
     refusals: _Decayed = field(default_factory=_Decayed)
+    live: int = 0  # nodes alive now (started, not yet ended)
+    live_since_h: float = 0.0  # the sum of their start times
+
+    def live_hours(self, now_h: float) -> float:
+        return max(self.live * now_h - self.live_since_h, 0.0)
 
 
 class CapacityLearner:
@@ -87,7 +109,8 @@ class CapacityLearner:
     def __init__(self, priors: dict[str, float] | Callable[[str], float] | None = None, *,
                  half_life_h: float = 24.0,
                  prior_hours: float = 24.0, prior_launches: float = 4.0,
-                 prior_source: str = "published interruption bucket"):
+                 prior_source: str = "published interruption bucket",
+                 pool_by: Callable[[str], str] | None = None):
         if half_life_h <= 0 or prior_hours <= 0 or prior_launches <= 0:
             raise ValueError("half_life_h, prior_hours and prior_launches must be > 0")
         # offering key -> prior hazard (a mapping, or a function of the key)
@@ -98,13 +121,23 @@ class CapacityLearner:
         self.prior_launches = prior_launches
         self.prior_source = prior_source
         self._stats: dict[str, _Stats] = {}
+        self.pool_by = pool_by
+        self._groups: dict[str, list[_Stats]] = {}  # group -> the stats of its offerings
+        self._live: dict[str, tuple[_Stats, float]] = {}  # node id -> (its stats, start)
         self.version = 0  # counts the events fed: a HealthView checks it was read before the next
 
     def _of(self, key: str) -> _Stats:
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = _Stats()
+            if self.pool_by is not None:
+                self._groups.setdefault(self.pool_by(key), []).append(stats)
         return stats
+
+    def _pooled(self, key: str, stats: _Stats | None) -> list[_Stats]:
+        if self.pool_by is None:
+            return [stats] if stats is not None else []
+        return self._groups.get(self.pool_by(key), [])
 
     def launch(self, key: str, now_h: float, refused: bool) -> None:
         """A launch attempt of ``key``: it went through, or failed for lack of capacity."""
@@ -114,32 +147,50 @@ class CapacityLearner:
         if refused:
             stats.refusals.add(1.0, now_h, self.half_life_h)
 
-    def ran(self, key: str, hours: float, now_h: float, interrupted: bool) -> None:
-        """A node of ``key`` ran ``hours`` (launch to end) and ended, interrupted or not."""
+    def started(self, key: str, node_id: str, at_h: float) -> None:
+        """A node of ``key`` was launched at ``at_h``: its exposure counts until it ends."""
+        if node_id in self._live:
+            return
         self.version += 1
         stats = self._of(key)
+        stats.live += 1
+        stats.live_since_h += at_h
+        self._live[node_id] = (stats, at_h)
+
+    def ran(self, key: str, hours: float, now_h: float, interrupted: bool,
+            node_id: str | None = None) -> None:
+        """A node of ``key`` ran ``hours`` (launch to end) and ended, interrupted or not
+        (``node_id``: the node :meth:`started` counted as alive, no longer)."""
+        self.version += 1
+        stats = self._of(key)
+        live = self._live.pop(node_id, None) if node_id is not None else None
+        if live is not None:
+            live[0].live -= 1
+            live[0].live_since_h -= live[1]
         stats.hours.add(max(hours, 0.0), now_h, self.half_life_h)
         if interrupted:
             stats.interruptions.add(1.0, now_h, self.half_life_h)
 
     def health(self, key: str, now_h: float) -> OfferingHealth:
         prior = self.prior_of(key)
-        stats = self._stats.get(key)
-        if stats is None:
+        pooled = self._pooled(key, self._stats.get(key))
+        if not pooled:
             return OfferingHealth(key, _figures(prior), 0.0,
                                   prior=self.prior_source if prior else "")
         h = self.half_life_h
-        hours = stats.hours.at(now_h, h)
-        launches = stats.launches.at(now_h, h)
-        hazard = (prior * self.prior_hours + stats.interruptions.at(now_h, h)) / (
-            self.prior_hours + hours)
-        odds = stats.refusals.at(now_h, h) / (self.prior_launches + launches)
+        hours = sum(s.hours.at(now_h, h) + s.live_hours(now_h) for s in pooled)
+        launches = sum(s.launches.at(now_h, h) for s in pooled)
+        interruptions = sum(s.interruptions.at(now_h, h) for s in pooled)
+        refusals = sum(s.refusals.at(now_h, h) for s in pooled)
+        hazard = (prior * self.prior_hours + interruptions) / (self.prior_hours + hours)
+        odds = refusals / (self.prior_launches + launches)
         return OfferingHealth(key, _figures(hazard), _figures(odds), round(hours, 1),
                               round(launches, 1), prior=self.prior_source if prior else "")
 
     def known(self, key: str) -> bool:
         """Whether ``key`` has a prior or events (the others are left out of a snapshot)."""
-        return key in self._stats or bool(self.prior_of(key))
+        return (key in self._stats or bool(self.prior_of(key))
+                or (self.pool_by is not None and self.pool_by(key) in self._groups))
 
     def snapshot(self, keys, now_h: float) -> dict[str, OfferingHealth]:
         """Health of each of ``keys`` (those with no prior and no events are left out)."""

@@ -54,7 +54,9 @@ class Job:
     """A unit of queued work. ``duration_s`` is the expected runtime (time limit), if known;
     ``checkpoint_s`` how often it saves a checkpoint it can resume from (its annotation; None:
     the policy's default for its project); ``dataset_gb`` the GB of data a burst must stage
-    for it (its annotation; None: its project's or pool's ``storage``)."""
+    for it (its annotation; None: its project's or pool's ``storage``); ``ran_s`` how long it
+    ran in earlier attempts (a job requeued after its node went away; 0 where the queue does not
+    say), so that its wait so far is ``now - submitted_at - ran_s``."""
 
     id: str
     project: str | None
@@ -67,3 +69,4 @@ class Job:
     checkpoint_s: float | None = None
     user: str | None = None
     dataset_gb: float | None = None
+    ran_s: float = 0.0

@@ -263,7 +263,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         budget = pool_budget(policy, nodes, candidates)
         held = (dict(held_now) if held_now is not None
                 else _held_gpus(nodes, snapshot.burst_runs))
-        chooser = (SpotChooser(policy, ranked, snapshot.offering_health, now)
+        chooser = (SpotChooser(policy, ranked, snapshot.offering_health, now,
+                               choose_boot(policy, snapshot.boot_estimates).seconds)
                    if policy.spot.by_expected_cost else None)
         # Data staging (pool/project storage, job annotations): jobs whose data would take
         # longer to stage than their predicted on-prem wait are not burst (:mod:`.staging`).
@@ -439,7 +440,8 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     candidates = list(resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now).candidates)
     if not candidates:
         return split
-    chooser = SpotChooser(policy, candidates, snapshot.offering_health, now)
+    chooser = SpotChooser(policy, candidates, snapshot.offering_health, now,
+                          choose_boot(policy, snapshot.boot_estimates).seconds)
     early = [job for job in split.waiting if chooser.burst_early(job)]
     if not early:
         return split

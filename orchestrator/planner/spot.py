@@ -19,13 +19,13 @@ lowest expected cost plus risk takes the job; every alternative is kept for the 
 
 SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the
 odds of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for
-a new node. A job of wait so far ``w`` (now - submitted; a requeued job's earlier run is counted
-as waiting, so it is assumed to have no slack left) has room for a restart when ``SLO - w - boot
->= boot + tick``. Interruptions are Poisson of mean ``N`` (the offering's expected count). With no
+a new node. A job of wait so far ``w`` (now - submitted - ``Job.ran_s``, the earlier attempts' run of a
+requeued job; where the queue does not report it, that run counts as waiting and the job is
+assumed to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``. Interruptions are Poisson of mean ``N`` (the offering's expected count). With no
 room, the odds of a miss are ``P(X >= 1)``. With room, the job misses only if its first attempt is
-cut and its next one, requeued with no room, is put on spot again and cut too; the guard lets that
-happen only at odds within the bound, so the odds are at most ``P(X >= 1) x bound``: in effect a
-job with room runs on spot until its first interruption, then where the guard allows (mostly on
+cut and, requeued, it runs out of room on spot and is cut again there; with no room the guard
+lets it on spot only at odds within the bound, so the odds are at most ``P(X >= 1) x bound``: in
+effect a job runs on spot while it has room for a restart, then where the guard allows (mostly on
 demand). A spot offering whose odds are above the bound is ranked after every offering within it
 (kept last: where nothing else is on offer it is still used). A late job (``trigger.wait_slo``) whose first choice under the guard is
 spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting
@@ -163,13 +163,16 @@ class SpotChooser:
     """Ranks the candidates for each job by expected cost (memoized per job class for a tick)."""
 
     def __init__(self, policy: Policy, candidates: list[Candidate],
-                 health: Mapping[str, OfferingHealth], now: datetime | None = None):
+                 health: Mapping[str, OfferingHealth], now: datetime | None = None,
+                 boot_s: float | None = None):
         self.policy = policy
         self.candidates = candidates
         self.health = health
         spot = policy.spot
         self.restart_s = spot.restart_overhead.total_seconds()
-        self.boot_s = policy.trigger.expected_boot.total_seconds()
+        # The boot the wait-aware rule allows (learned with trigger.learn_boot: planner.boot).
+        self.boot_s = (policy.trigger.expected_boot.total_seconds() if boot_s is None
+                       else boot_s)
         # The SLO guard (module docstring): on with a bound, an SLO and the decision's moment.
         slo = policy.trigger.wait_slo
         self.max_odds = spot.max_slo_miss_odds
@@ -206,7 +209,9 @@ class SpotChooser:
 
     def restarts_allowed(self, job: Job) -> int:
         """Restarts ``job``'s slack absorbs if it is launched for now (the SLO guard)."""
-        waited = max((self.now - job.submitted_at).total_seconds(), 0.0)  # type: ignore[operator]
+        # (a requeued job's earlier run is not waiting: ran_s, where the queue reports it)
+        waited = max((self.now - job.submitted_at).total_seconds() - job.ran_s,  # type: ignore[operator]
+                     0.0)
         slack = self.slo_s - waited - self.boot_s
         if slack <= 0:
             return 0

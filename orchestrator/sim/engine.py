@@ -300,6 +300,8 @@ class Engine:
             timeline = self.provider.timeline(node.instance_id)
             launched = seconds(timeline.launched_at)
             running = seconds(timeline.running_at)
+            if learner is not None:
+                learner.started(node.offering_key, node_id, launched / 3600.0)
             self.counters.launches += 1
             self._billing[node_id] = node.price_usd_hour
             self._rate += node.price_usd_hour
@@ -329,7 +331,7 @@ class Engine:
         if self.learner is not None and node.id in self._billing:
             launched = seconds(self.provider.timeline(node.instance_id).launched_at)
             self.learner.ran(node.offering_key, (now - launched) / 3600.0, now / 3600.0,
-                             interrupted)
+                             interrupted, node.id)
 
     def _stop_billing(self, node_id: str, now: float) -> None:
         price = self._billing.pop(node_id, None)

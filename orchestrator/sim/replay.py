@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.domain.boot import BootLearner
-from orchestrator.domain.capacity import CapacityLearner
+from orchestrator.domain.capacity import CapacityLearner, region_market
 from orchestrator.domain.offerings import Offering
 from orchestrator.planner.backfill import BackfillConfig
 from orchestrator.planner.offerings import resolve_candidates
@@ -220,7 +220,7 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
     if sim_policy.spot.by_expected_cost:
         usable, _ = resolve_candidates(sim_policy, tuple(provider.offerings()), (), at(0))
         priors = published_priors([c.offering for c in usable]) if options.spot_data else {}
-        engine.learner = CapacityLearner(priors)
+        engine.learner = CapacityLearner(priors, pool_by=region_market)
     if sim_policy.trigger.learn_boot:
         engine.boot_learner = BootLearner()
     engine.run()

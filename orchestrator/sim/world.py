@@ -23,6 +23,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable
 from datetime import datetime
+from dataclasses import replace
 from decimal import Decimal
 
 from orchestrator.domain.jobs import Job
@@ -356,6 +357,8 @@ class World(OnPremFill, BurstFill):
             self.running_burst -= 1
             keep_checkpoint(job, now - job.start_s,
                             self.policy.spot.restart_overhead.total_seconds())
+            # The queue reports how long the job ran before: its wait so far excludes it.
+            job.domain = replace(job.domain, ran_s=job.domain.ran_s + now - job.start_s)
             job.restarts += 1
             self._leave_burst_nodes(job, now)
             job.attempt += 1

@@ -211,3 +211,15 @@ def test_where_only_guarded_spot_is_on_offer_it_is_still_used():
     health = {_key(policy, 0): OfferingHealth(_key(policy, 0), 0.5, 0.0)}
     [launch] = plan(_snapshot([job], health), [policy], T0).launches
     assert launch.offering.key == _key(policy, 0)
+
+
+def test_a_requeued_job_that_reports_its_earlier_run_keeps_its_room_for_a_restart():
+    policy = _guarded_policy()
+    # Submitted 3 h ago, ran 2 h 55 min before its node went away: 5 min of wait so far.
+    ran = make_job("requeued", gpus=8, duration_s=20 * 3600, wait=timedelta(hours=3))
+    reported = replace(ran, ran_s=3 * 3600 - 300)
+    health = _calm_and_stormy(policy, 0.5)
+    [spot] = plan(_snapshot([reported], health), [policy], T0).launches
+    assert spot.offering.market is Market.SPOT
+    [unreported] = plan(_snapshot([ran], health), [policy], T0).launches
+    assert unreported.offering.key == _key(policy, 1)  # counted as waiting: no room, on demand
