@@ -369,7 +369,14 @@ class JobsView(Sequence[Job]):
         return self.columns.job(int(self.indexes[index]))
 
     def __iter__(self) -> Iterator[Job]:
-        return map(self.columns.job, self.indexes.tolist())
+        # The positions read in doubling chunks: a reader that stops after a few hundred jobs
+        # (the forecast, staging) does not turn up to 1M positions into a list first.
+        job, indexes = self.columns.job, self.indexes
+        start, size = 0, 1024
+        while start < len(indexes):
+            yield from map(job, indexes[start:start + size].tolist())
+            start += size
+            size *= 2
 
     def __bool__(self) -> bool:
         return len(self.indexes) > 0

@@ -160,8 +160,8 @@ def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...]) ->
 def _id_words(ids: tuple[str, ...]) -> list[np.ndarray] | None:
     """The ids as big-endian 64-bit words of their bytes, zero-padded to the longest (a numpy
     string array's padding: trailing NULs do not count, as in the string sort it replaces), or
-    None when some id is not ASCII or holds a line break. One join and one scatter, not a string
-    object per id."""
+    None when some id is not ASCII or holds a line break. One join and one gather per byte, not
+    a string object per id."""
     joined = "\n".join(ids)
     data = joined.encode("utf-8")
     if len(data) != len(joined) or joined.count("\n") != len(ids) - 1:

@@ -66,7 +66,6 @@ def absorb_quotas(order: Ordered, onprem: Bins, burst: Bins, admit: NodeAdmitter
     place = owned.place
     codes_in_order = columns.project[rows]
     gpus_in_order = columns.gpus[rows]
-    durations_in_order = np.nan_to_num(columns.duration_s[rows], nan=-1.0)
     code_of = {name: code for code, name in enumerate(names)}
     quotas = admission._quotas
     held = admission.held
@@ -87,8 +86,9 @@ def absorb_quotas(order: Ordered, onprem: Bins, burst: Bins, admit: NodeAdmitter
     done = False
     while base < n and not done:
         end = min(base + size, n)
+        durations = np.nan_to_num(columns.duration_s[rows[base:end]], nan=-1.0)  # the key's
         chunk = zip(range(base, end), gpus_in_order[base:end].tolist(), rows[base:end].tolist(),
-                    codes_in_order[base:end].tolist(), durations_in_order[base:end].tolist())
+                    codes_in_order[base:end].tolist(), durations.tolist())
         for index, gpus, row, code, duration in chunk:
             if not onprem.total and not owned.total:
                 out.stop = index
