@@ -72,7 +72,12 @@ from orchestrator.planner.offerings import Candidate, Resolved, price_options, r
 from orchestrator.planner import staging
 from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
-from orchestrator.planner.placement import MULTI_NODE, NO_INTERCONNECT, WIDER_THAN_LIMIT
+from orchestrator.planner.placement import (
+    MULTI_NODE,
+    NO_INTERCONNECT,
+    WIDER_THAN_LIMIT,
+    spans_nodes,
+)
 from orchestrator.planner.scaleup import (
     Budget,
     Grant,
@@ -80,7 +85,13 @@ from orchestrator.planner.scaleup import (
     pool_budget,
 )
 from orchestrator.planner.boot import BootChoice, choose_boot
-from orchestrator.planner.wait import NodeRules, WaitSplit, split_pooled_view, split_unmet
+from orchestrator.planner.wait import (
+    NodeRules,
+    WaitSplit,
+    onprem_margin,
+    split_pooled_view,
+    split_unmet,
+)
 from orchestrator.planner.wait_nodes import cheapest_cost, node_space_problem
 from orchestrator.policy.models import Policy, TriggerCombine, WaitModel
 
@@ -388,10 +399,20 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
 
 
 def _node_rules(policy: Policy, snapshot: Snapshot, now: datetime) -> NodeRules:
-    """The node model's view of the offerings: the widest job one burst node holds (the
-    dispatcher places a job on one node) and each job's cost on its cheapest usable offering."""
+    """The node model's view of the offerings: the widest job the burst nodes hold and each job's
+    cost on its cheapest usable offering. Where the fabric spans nodes a wider job takes a launch
+    group of whole nodes (of an offering with the interconnect ``multi_node_requires`` asks for,
+    at most ``limits.max_nodes`` of them), priced as its nodes; on the built-in queue's one-node
+    dispatcher the widest node bounds it."""
     usable = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now).candidates
     prices = [(c.offering.gpus, float(c.offering.price_usd_hour)) for c in usable]
+    if spans_nodes(policy):
+        need = policy.multi_node_requires
+        spanning = [(c.offering.gpus, float(c.offering.price_usd_hour)) for c in usable
+                    if need.met_by(c.offering.interconnect)]
+        width = max([g for g, _ in prices] + [g * policy.limits.max_nodes for g, _ in spanning],
+                    default=0)
+        return NodeRules(width, cheapest_cost(prices, spanning, policy.limits.max_nodes))
     width = max((g for g, _ in prices), default=0)
     return NodeRules(width, cheapest_cost(prices))
 
@@ -407,11 +428,14 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         return split_unmet(tuple(unmet), onprem_absorbed, queue, policy, now, boot, rules)
     boot_td = (policy.trigger.expected_boot if boot is None
                else timedelta(seconds=boot.seconds))
-    cutoff = to_us(now - (slo - boot_td))
+    margin_td = onprem_margin(policy, queue)
+    # Past both the on-prem bound and the launch deadline: due whatever the prediction says.
+    bound = slo - boot_td if margin_td is None else max(slo - margin_td, slo - boot_td)
+    cutoff = to_us(now - bound)
     late = unmet.column("submitted_us") < cutoff
     if late.all():
         return WaitSplit(unmet, (), (), boot=boot,
-                         model=_model_name(policy, queue))
+                         model=_model_name(policy, queue), margin=margin_td)
     early = unmet.where(~late)
     if policy.trigger.wait_model is not WaitModel.NODES:  # the pooled model, on the columns
         split, early_due = split_pooled_view(early, onprem_absorbed, queue, policy, now, boot)
@@ -429,7 +453,8 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
                 k += 1
         due[picked] = True
     return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at,
-                     boot=split.boot, model=split.model, displaced=split.displaced)
+                     boot=split.boot, model=split.model, displaced=split.displaced,
+                     margin=split.margin)
 
 
 def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot: Snapshot,

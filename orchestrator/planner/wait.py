@@ -60,6 +60,7 @@ class WaitSplit:
     model: str = ""  # the on-prem model used ("" for the pooled default; see record())
     displaced: tuple[dict, ...] = ()  # trigger.displacement: who went to the cloud for whom
     spot_early: int = 0  # late jobs made due before their deadline: spot first (SLO guard)
+    margin: timedelta | None = None  # trigger.onprem_margin, where it applied
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
@@ -74,6 +75,9 @@ class WaitSplit:
                                         if self.earliest_burst_at else None),
         }
         # The new rules' records only where they are on, so default decisions stay as they were.
+        if trigger.onprem_margin is not None:  # (None where the pooled model stood in)
+            out["onprem_margin_s"] = (self.margin.total_seconds() if self.margin is not None
+                                      else None)
         if trigger.learn_boot and self.boot is not None:
             out.update(self.boot.inputs())
         if self.model:
@@ -124,18 +128,28 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     boot_td = (policy.trigger.expected_boot if boot is None
                else timedelta(seconds=boot.seconds))
     lead = slo.total_seconds() - boot_td.total_seconds()
-    # A job submitted before ``cutoff`` is past its deadline: it can be neither deferred nor kept
-    # waiting, so it is due without simulating it (at 100k pending jobs, nearly all of a long
-    # queue; the comparison of datetimes is exact, as the float deadline below is not).
-    cutoff = now - (slo - boot_td)
+    # The on-prem bound: a job predicted to start on-prem by submit + slo - margin stays queued
+    # (trigger.onprem_margin; unset, the launch deadline itself, submit + slo - boot).
+    margin_td = onprem_margin(policy, queue)
+    hold_td = slo - boot_td if margin_td is None else slo - margin_td
+    hold_s = lead if margin_td is None else hold_td.total_seconds()
+    # A job submitted before ``cutoff`` is past its on-prem bound: it cannot be deferred, so it is
+    # due (or, where the bound comes before the launch deadline, waiting) without simulating it
+    # (at 100k pending jobs, nearly all of a long queue; the comparison of datetimes is exact, as
+    # the float deadline below is not).
+    cutoff = now - hold_td
     late = [j.submitted_at < cutoff for j in unmet]
-    deadlines = [0.0 if past else (j.submitted_at - now).total_seconds() + lead
-                 for j, past in zip(unmet, late)]  # from now, in s
+    deadlines = [0.0 if past else (j.submitted_at - now).total_seconds() + hold_s
+                 for j, past in zip(unmet, late)]  # the on-prem bound, from now, in s
+    if margin_td is None:
+        launch_by = deadlines  # the bound is the launch deadline
+    else:
+        launch_by = [(j.submitted_at - now).total_seconds() + lead for j in unmet]
     if policy.trigger.wait_model is WaitModel.NODES:
         problem = node_space_problem(queue)
         if problem is None:
             return _split_nodes(unmet, onprem_absorbed, queue, policy, now, boot, rules,
-                                late, deadlines)
+                                late, deadlines, launch_by, margin_td)
         model = f"pooled ({problem})"
     else:
         model = ""
@@ -150,19 +164,18 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     deferred: list[Job] = []
     waiting: list[Job] = []
     earliest: float | None = None
-    for job, deadline, past in zip(unmet, deadlines, late):
-        if past:
-            due.append(job)
-            continue
-        start = _first_fit(free, job.gpus, job.duration_s, int(deadline // STEP_S))
-        if start is not None:
-            hold(job.gpus, start, job.duration_s)
-            deferred.append(job)
-        elif deadline - TICK_S <= 0:
+    for job, deadline, launch, past in zip(unmet, deadlines, launch_by, late):
+        if not past:
+            start = _first_fit(free, job.gpus, job.duration_s, int(deadline // STEP_S))
+            if start is not None:
+                hold(job.gpus, start, job.duration_s)
+                deferred.append(job)
+                continue
+        if launch - TICK_S <= 0:
             due.append(job)
         else:
             waiting.append(job)
-            burst_in = deadline - TICK_S
+            burst_in = launch - TICK_S
             earliest = burst_in if earliest is None else min(earliest, burst_in)
     at = None if earliest is None else now + timedelta(seconds=earliest)
     return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at, boot=boot, model=model)
@@ -170,31 +183,43 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
 
 def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQueue,
                  policy: Policy, now: datetime, boot: BootChoice | None, rules: NodeRules | None,
-                 late: list[bool], deadlines: list[float]) -> WaitSplit:
-    """The split with on-prem starts predicted node by node (:mod:`.wait_nodes`)."""
+                 late: list[bool], deadlines: list[float], launch_by: list[float],
+                 margin: timedelta | None) -> WaitSplit:
+    """The split with on-prem starts predicted node by node (:mod:`.wait_nodes`): ``deadlines``
+    are the on-prem bounds, ``launch_by`` the launch deadlines (from now, in s)."""
     ahead = [i for i, past in enumerate(late) if not past]
     jobs = [unmet[i] for i in ahead]
     displacement = policy.trigger.displacement if policy.trigger.displacement.enabled else None
     rules = rules or NodeRules(None, lambda job: None)
     result = split_on_nodes(jobs, [deadlines[i] for i in ahead], absorbed, queue, now,
                             rules.burst_width, displacement, rules.cloud_cost)
-    due_at = [i for i, past in enumerate(late) if past]
-    due_at += [ahead[k] for k in result.displaced]  # burst now: out of the on-prem queue soonest
-    waiting: list[Job] = []
+    due_at = [ahead[k] for k in result.displaced]  # burst now: out of the on-prem queue soonest
+    waiting_at: list[int] = []
     earliest: float | None = None
-    for k in sorted(result.late + result.stuck):
-        deadline = deadlines[ahead[k]]
-        if deadline - TICK_S <= 0:
-            due_at.append(ahead[k])
+    for i in sorted([i for i, past in enumerate(late) if past]
+                    + [ahead[k] for k in result.late + result.stuck]):
+        launch = launch_by[i]
+        if launch - TICK_S <= 0:
+            due_at.append(i)
         else:
-            waiting.append(unmet[ahead[k]])
-            burst_in = deadline - TICK_S
+            waiting_at.append(i)
+            burst_in = launch - TICK_S
             earliest = burst_in if earliest is None else min(earliest, burst_in)
     due_at.sort()
     at = None if earliest is None else now + timedelta(seconds=earliest)
     return WaitSplit(tuple(unmet[i] for i in due_at), tuple(jobs[k] for k in result.deferred),
-                     tuple(waiting), at, boot=boot, model="nodes",
-                     displaced=tuple(result.records))
+                     tuple(unmet[i] for i in waiting_at), at, boot=boot, model="nodes",
+                     displaced=tuple(result.records), margin=margin)
+
+
+def onprem_margin(policy: Policy, queue: PoolQueue) -> timedelta | None:
+    """``trigger.onprem_margin`` where the node model predicts the starts; None (the launch
+    deadline bounds the on-prem start) otherwise: the pooled model ignores how jobs fit on nodes,
+    so its starts of multi-GPU jobs are early, and the boot allowance covers for that."""
+    margin = policy.trigger.onprem_margin
+    if margin is None or policy.trigger.wait_model is not WaitModel.NODES:
+        return None
+    return margin if node_space_problem(queue) is None else None
 
 
 def split_pooled_view(early: JobsView, onprem_absorbed: tuple[Job, ...], queue: PoolQueue,

@@ -238,10 +238,16 @@ def _displace(builder: _Space, held: list[_Held], job: Job, deadline: float, cos
     return prefix[:best_m], space, start, alloc
 
 
-def cheapest_cost(prices: Sequence[tuple[int, float]]) -> Callable[[Job], float | None]:
-    """A job's cloud cost on one node of the cheapest offering that holds it: ``prices`` are
-    (GPUs per node, USD per hour) of the usable offerings."""
+def cheapest_cost(prices: Sequence[tuple[int, float]],
+                  spanning: Sequence[tuple[int, float]] = (),
+                  max_nodes: int | None = None) -> Callable[[Job], float | None]:
+    """A job's cloud cost on the cheapest usable offering that holds it: ``prices`` are (GPUs per
+    node, USD per hour) of the usable offerings, on one node each. Where the fabric spans nodes,
+    ``spanning`` are the offerings a job wider than one of their nodes may take as a launch group
+    of ``ceil(gpus / node GPUs)`` whole nodes (at most ``max_nodes``), priced as that many nodes:
+    an 8-GPU job on two 4-GPU nodes costs two of them, not the 8-GPU node's price."""
     table = sorted(prices)
+    groups = sorted(spanning)
 
     def cost(job: Job) -> float | None:
         if job.duration_s is None:
@@ -250,6 +256,12 @@ def cheapest_cost(prices: Sequence[tuple[int, float]]) -> Callable[[Job], float 
         for gpus, price in table:
             if gpus >= job.gpus and price < best:
                 best = price
+        for gpus, price in groups:
+            if gpus >= job.gpus or gpus <= 0:
+                continue
+            count = -(-job.gpus // gpus)
+            if (max_nodes is None or count <= max_nodes) and count * price < best:
+                best = count * price
         return None if best == math.inf else best * float(job.duration_s) / 3600.0
 
     return cost

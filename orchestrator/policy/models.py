@@ -171,6 +171,17 @@ class Trigger(PolicyModel):
         description="Boot time the wait-aware rule (wait_slo) allows for a burst node between "
         "its launch and the job's start (with learn_boot: until enough boots are observed).",
     )
+    onprem_margin: Duration | None = Field(
+        default=None,
+        description="With wait_slo and wait_model: nodes: how long before submit + wait_slo a "
+        "job's predicted on-prem "
+        "start must be for the job to stay queued for on-prem. Unset: expected_boot (a job is "
+        "left on-prem only if it would start there before a node launched for it would have to "
+        "be). Shorter (e.g. 1m) keeps on-prem every job the prediction starts within the SLO, "
+        "and bursts the others at submit + wait_slo - expected_boot as before; a prediction "
+        "that slips after that point can then miss the SLO. Where the queue source cannot give "
+        "the node model (pooled is used, and the decision says so), expected_boot stands.",
+    )
     learn_boot: bool = Field(
         default=False,
         description="The wait-aware rule allows the learned launch-to-ready time instead of "
@@ -192,6 +203,12 @@ class Trigger(PolicyModel):
 
     @model_validator(mode="after")
     def _wait_rules(self) -> Trigger:
+        if self.onprem_margin is not None:
+            if self.wait_slo is None or self.wait_model is not WaitModel.NODES:
+                raise field_problem("onprem_margin", "needs wait_slo set and wait_model: nodes")
+            if self.onprem_margin > self.wait_slo:
+                raise field_problem("onprem_margin", f"must not be longer than wait_slo "
+                                    f"({self.wait_slo})")
         if self.displacement.enabled and (self.wait_slo is None
                                           or self.wait_model is not WaitModel.NODES):
             raise field_problem("displacement", "enabled needs wait_slo set and wait_model: nodes")

@@ -234,3 +234,87 @@ def test_a_job_no_burst_node_holds_is_helped_by_displacement_at_any_price() -> N
     assert (record["job"], record["displaced_for"], record["for_cloud_cost_usd"]) == (
         "small", "wide", None)
     assert wait["deferred_to_onprem_jobs"] == 1
+
+
+# -- trigger.onprem_margin: the on-prem bound apart from the launch deadline ---------------------
+
+def _margin_policy(**trigger):
+    return _policy(wait_model="nodes", offerings=[offering_spec("g4", gpus=4)], **trigger)
+
+
+@pytest.mark.parametrize(("frees_at", "deferred"), [(26, True), (28, True), (29, False)])
+def test_onprem_margin_keeps_on_prem_a_job_that_starts_within_the_slo(frees_at, deferred) -> None:
+    # Submitted at T0 - 1m: the launch deadline (5m boot) is T0 + 24m, the on-prem bound with a
+    # 1-minute margin T0 + 28m. Both nodes free at ``frees_at``.
+    job = make_job("j4", gpus=4, wait=M, duration_s=3600)
+    ends = [(0, 4, T0 + frees_at * M), (1, 4, T0 + frees_at * M)]
+    snapshot = _snapshot([job], [0, 0], ends)
+    old = _wait(plan(snapshot, [_margin_policy()], T0))
+    assert old["deferred_to_onprem_jobs"] == 0 and old["waiting_jobs"] == 1  # bound = deadline
+    assert "onprem_margin_s" not in old  # unset: the record is as before
+    wait = _wait(plan(snapshot, [_margin_policy(onprem_margin="1m")], T0))
+    assert wait["onprem_margin_s"] == 60.0
+    assert wait["deferred_to_onprem_jobs"] == (1 if deferred else 0)
+    if not deferred:  # burst at the launch deadline as before, not at the on-prem bound
+        assert wait["waiting_jobs"] == 1
+        assert wait["earliest_burst_deadline"] == (T0 + 23 * M).isoformat()
+
+
+@pytest.mark.parametrize(("frees_at", "where"), [(1, "deferred"), (3, "due")])
+def test_past_its_launch_deadline_a_job_still_starting_on_prem_in_time_stays(frees_at, where):
+    # Submitted at T0 - 27m: the launch deadline passed 2 minutes ago; the on-prem bound is +2m.
+    job = make_job("j4", gpus=4, wait=27 * M, duration_s=3600)
+    ends = [(0, 4, T0 + frees_at * M), (1, 4, T0 + frees_at * M)]
+    snapshot = _snapshot([job], [0, 0], ends)
+    assert _wait(plan(snapshot, [_margin_policy()], T0))["due_jobs"] == 1  # unset: due
+    result = plan(snapshot, [_margin_policy(onprem_margin="1m")], T0)
+    wait = _wait(result)
+    key = "deferred_to_onprem_jobs" if where == "deferred" else "due_jobs"
+    assert wait[key] == 1
+    assert bool(result.launches) == (where == "due")
+
+
+def test_onprem_margin_stands_down_where_the_pooled_model_stands_in() -> None:
+    # Releases without their node: pooled, which ignores how jobs fit nodes, keeps the launch
+    # deadline as its bound, and the record says the margin did not apply.
+    job = make_job("j4", gpus=4, wait=M, duration_s=3600)
+    snapshot = _snapshot([job], [0, 0], [])
+    queue = snapshot.queues[POOL]
+    unnamed = dataclasses.replace(snapshot, queues={POOL: dataclasses.replace(
+        queue, onprem_releases=(OnPremRelease(4, T0 + 26 * M), OnPremRelease(4, T0 + 26 * M)))})
+    wait = _wait(plan(unnamed, [_margin_policy(onprem_margin="1m")], T0))
+    assert wait["onprem_model"].startswith("pooled (")
+    assert wait["onprem_margin_s"] is None
+    assert wait["waiting_jobs"] == 1 and wait["deferred_to_onprem_jobs"] == 0
+
+
+def test_the_policy_refuses_an_onprem_margin_it_cannot_apply() -> None:
+    with pytest.raises(PolicyError, match="trigger.onprem_margin"):
+        _policy(onprem_margin="1m")  # pooled
+    with pytest.raises(PolicyError, match="trigger.onprem_margin.*longer than wait_slo"):
+        _policy(wait_model="nodes", onprem_margin="31m")
+
+
+def test_a_launch_group_costs_its_nodes() -> None:
+    cost = cheapest_cost([(4, 4.0), (8, 32.0)], [(4, 4.0), (8, 32.0)], max_nodes=4)
+    assert cost(make_job("w8", gpus=8, duration_s=3600)) == 8.0  # two 4-GPU nodes, not one 8
+    assert cost(make_job("w16", gpus=16, duration_s=7200)) == 32.0  # four 4-GPU nodes, 2 h
+    assert cost(make_job("w24", gpus=24, duration_s=3600)) == 96.0  # 6 x 4 > 4 nodes: 3 x 8
+    assert cost(make_job("w40", gpus=40, duration_s=3600)) is None  # more than 4 nodes of any
+    one_node = cheapest_cost([(4, 4.0), (8, 32.0)])  # the built-in queue: one node per job
+    assert one_node(make_job("w8", gpus=8, duration_s=3600)) == 32.0
+
+
+def test_on_a_fabric_that_spans_nodes_a_wide_job_is_priced_as_its_launch_group() -> None:
+    small = make_job("small", gpus=1, wait=10 * M, duration_s=3600)
+    wide = make_job("wide", gpus=16, wait=2 * M, duration_s=7200)
+    snapshot = _snapshot([small, wide], [0, 0], [(0, 8, T0 + 10 * M), (1, 8, T0 + 10 * M)],
+                         size=8)
+    offerings = [offering_spec("g1", gpus=1, price=1), offering_spec("g8", gpus=8, price=32)]
+    policy = make_policy(trigger={"wait_slo": "30m", "expected_boot": "5m", "wait_model": "nodes",
+                                  "displacement": {"enabled": True}},
+                         pool={"onprem": {"nodes": 2, "gpus_per_node": 8}},
+                         queue={"source": "slurm"}, offerings=offerings)
+    [record] = _wait(plan(snapshot, [policy], T0))["displaced"]
+    # Two 8-GPU nodes for 2 hours: $128 (on the built-in queue no node holds it: None).
+    assert (record["job"], record["for_cloud_cost_usd"]) == ("small", 128.0)
