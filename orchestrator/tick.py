@@ -48,18 +48,20 @@ class PlanPass(Generic[T]):
 
 
 def roll_up_costs(rt: Runtime, now: datetime, *, store: Store | None = None,
-                  only_policies: set[str] | None = None, strict: bool = False
-                  ) -> RollupResult | None:
+                  only_policies: set[str] | None = None, strict: bool = False,
+                  skip_fresh: bool = False) -> RollupResult | None:
     """Bring the cost ledger up to ``now``.
 
     Inside a tick a failure is logged, not raised: planning must go on, and budgets add what the
     ledger has not reached yet (:func:`orchestrator.costs.spend.spend`). ``strict`` raises instead
     (a report that must be exact). A stale leader's refusal always propagates: the caller's turn
-    is over.
+    is over. ``skip_fresh`` (a tick): live nodes for which only the clock moved since their last
+    roll-up are left as they are (:func:`orchestrator.costs.ledger.roll_up`).
     """
     try:
         return roll_up(store or rt.store, rt.policies, now,
-                       billing=billing_rules(rt.observer.catalogue()), only_policies=only_policies)
+                       billing=billing_rules(rt.observer.catalogue()), only_policies=only_policies,
+                       skip_fresh=skip_fresh)
     except StaleLeaderError:
         raise
     except Exception:
@@ -97,7 +99,10 @@ def planning_pass(rt: Runtime, policies: Iterable[Policy], now: datetime,
     # removed included. A Celery leader rolls up its own policies' nodes only: the rest is the
     # ``burst.cost.rollup`` task's, under its own lease.
     everything = in_process and names >= set(rt.policies)
-    roll_up_costs(rt, now, store=store, only_policies=None if everything else names)
+    # Budgets see a node's cost past where its lines reach, so a tick leaves the nodes whose
+    # open bucket only grew with the clock; their lines catch up at the next bucket.
+    roll_up_costs(rt, now, store=store, only_policies=None if everything else names,
+                  skip_fresh=True)
     # The queue as dispatch read and left it: one read of the queue per tick.
     snapshot = rt.observer.snapshot(now, queue_read=read)
     # Slurm's power save plans these itself, through `burst slurm resume` (a tick's plan would

@@ -12,6 +12,17 @@ work) up to ``now``:
   its end, and it is never looked at again.
 * Idempotent: a second run at the same ``now`` writes nothing (the store compares first); two
   runs at once converge (lines are upserted on their unique key; a mark never moves back).
+* ``skip_fresh`` (the control loop's tick): a live node for which only the clock moved since its
+  last roll-up is left as it is. Its lines reach that roll-up's ``now`` (``LedgerNode.reach``)
+  and budgets add price x time past that reach (:mod:`orchestrator.costs.spend`), which is what
+  rewriting its open bucket would have added; rewriting 10,000 live nodes' open buckets, one
+  transaction each, cost tens of seconds of CPU every tick. A node is rolled up as before when a
+  bucket of it becomes final (its mark moves), a new hour bucket opened since its reach, a run on
+  it started or ended after its reach, it ended or was terminated, its reach is unknown, it was
+  within its billing minimum at its reach, or it is billed by increments over a second. Its
+  open bucket's provisional lines then lag by up to an hour; final lines are unchanged (they
+  are written only by a roll-up that moves the mark, which reads every run as it is then).
+  The spend report and the roll-up task roll every node (no ``skip_fresh``).
 
 Jobs that ran on a burst node of a policy declaring ``storage`` also get an ``egress`` line (data
 staged in, checkpoints brought back; :mod:`orchestrator.costs.egress`).
@@ -51,6 +62,7 @@ log = logging.getLogger(__name__)
 SETTLE = timedelta(minutes=5)  # a closed bucket stays provisional this long (late job reports)
 # Where a subject without a mark is rewritten from: nothing of it is final, so all of it.
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
 DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum
 
 
@@ -89,9 +101,10 @@ def onprem_rates(policies: Iterable[Policy]) -> dict[str, tuple[str, Decimal]]:
 def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now: datetime, *,
             billing: Mapping[str, BillingRule] | None = None,
             only_policies: Collection[str] | None = None,
-            settle: timedelta = SETTLE) -> RollupResult:
+            settle: timedelta = SETTLE, skip_fresh: bool = False) -> RollupResult:
     """Bring the ledger up to ``now`` (see the module docstring). ``only_policies``: roll up only
-    the nodes of these policies and the on-prem work of their pools (a policy's tick)."""
+    the nodes of these policies and the on-prem work of their pools (a policy's tick).
+    ``skip_fresh``: leave live nodes for which only the clock moved (the module docstring)."""
     require_aware(now, "now")
     loaded = list(policies.values() if isinstance(policies, Mapping) else policies)
     rates = onprem_rates(loaded)
@@ -111,6 +124,9 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
         since = min(n.mark or n.launched for n in launched)  # type: ignore[type-var]
         usages = store.burst_job_usages([n.node_id for n in launched], since)
     for node in launched:
+        if skip_fresh and _only_clock_moved(node, usages.get(node.node_id, ()), now, settle,
+                                            billing.get(node.offering_key, DEFAULT_BILLING)):
+            continue
         try:
             w, d = _roll_node(store, node, usages.get(node.node_id, []), rates, billing, now,
                               settle, by_name.get(node.policy))
@@ -151,6 +167,28 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
             written += w
             deleted += d
     return RollupResult(nodes, pools, written, deleted, tuple(skipped))
+
+
+def _only_clock_moved(node: LedgerNode, jobs: Iterable[JobUsage], now: datetime,
+                      settle: timedelta, rule: BillingRule) -> bool:
+    """Whether rolling ``node`` up at ``now`` would only extend its open bucket's provisional
+    lines to ``now`` (see ``skip_fresh`` in the module docstring)."""
+    reach = node.reach
+    if (reach is None or node.launched is None or node.ended is not None
+            or node.state.is_terminal or reach > now):
+        return False
+    if rule.increment_s > 1 or reach - node.launched < timedelta(seconds=rule.minimum_s):
+        # Its last bucket's minimum line was billed up to an increment or the minimum past its
+        # reach: price x time past the reach is not what it costs by now.
+        return False
+    start = node.mark or hour_floor(node.launched)
+    if hour_floor(now - settle) > start:
+        return False  # a bucket becomes final: the mark moves
+    # The bucket its last line is in (a reach on the hour ends the bucket before: the one that
+    # starts there has no line yet).
+    if hour_floor(now) > hour_floor(reach - _US):
+        return False
+    return all(job.start <= reach and (job.end is None or job.end <= reach) for job in jobs)
 
 
 def _roll_node(store: Store, node: LedgerNode, jobs: list[JobUsage],

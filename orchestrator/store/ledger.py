@@ -94,6 +94,9 @@ class LedgerNode:
     launched: datetime | None
     ended: datetime | None
     mark: datetime | None
+    # How far its lines reach (``ledger_reach.covered_us``: the mark, or the end of its last line
+    # past the mark; for a live node, the ``now`` of its last roll-up). None: not known.
+    reach: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +144,13 @@ class Ledger(StoreBase):
         """Nodes whose ledger is not final through their end: every node not yet terminated, and
         terminated nodes whose mark does not reach their termination (or that have none).
         ``policies``: only nodes of these policies."""
-        n, m = T.nodes.c, T.ledger_marks.c
+        n, m, reach = T.nodes.c, T.ledger_marks.c, accrual.ledger_reach.c
         query = (
             sa.select(n.id, n.policy, n.pool, n.provider, n.offering_key, n.instance_type,
                       n.market, n.gpus, n.price_usd_hour, n.project, n.state, n.state_since,
-                      m.final_through)
-            .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id))
+                      m.final_through, reach.covered_us)
+            .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id)
+                         .outerjoin(accrual.ledger_reach, reach.node_id == n.id))
             .where(sa.or_(n.state != NodeState.TERMINATED.value, m.final_through.is_(None),
                           m.final_through < n.state_since))
             .order_by(n.created_at, n.id)
@@ -164,7 +168,7 @@ class Ledger(StoreBase):
                 offering_key=r.offering_key, instance_type=r.instance_type, market=r.market,
                 gpus=r.gpus, price_usd_hour=r.price_usd_hour, project=r.project,
                 state=NodeState(r.state), state_since=r.state_since, launched=launched,
-                ended=ended, mark=r.final_through))
+                ended=ended, mark=r.final_through, reach=accrual.from_us(r.covered_us)))
         return out
 
     def ledger_mark(self, subject: str) -> datetime | None:
