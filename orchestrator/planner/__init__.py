@@ -462,7 +462,8 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     """The split with the waiting jobs whose first choice under the SLO guard is spot made due
     now (:meth:`.spot.SpotChooser.burst_early`): waiting for their deadline would spend the slack
     their restarts need. Due jobs stay in scheduling order."""
-    candidates = list(resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now).candidates)
+    usable = resolved(policy, snapshot.offerings, snapshot.capacity_blocks, now)
+    candidates = list(usable.candidates)
     if not candidates:
         return split
     chooser = SpotChooser(policy, candidates, snapshot.offering_health, now,

@@ -17,23 +17,24 @@ failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_
 (default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
 lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
 
-SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the
-odds of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for
-a new node. A job of wait so far ``w`` (now - submitted - ``Job.ran_s``, the earlier attempts' run of a
-requeued job; where the queue does not report it, that run counts as waiting and the job is
-assumed to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``. Interruptions are Poisson of mean ``N`` (the offering's expected count). With no
-room, the odds of a miss are ``P(X >= 1)``. With room, the job misses only if its first attempt is
-cut and, requeued, it runs out of room on spot and is cut again there; with no room the guard
-lets it on spot only at odds within the bound, so the odds are at most ``P(X >= 1) x bound``: in
-effect a job runs on spot while it has room for a restart, then where the guard allows (mostly on
-demand). A spot offering whose odds are above the bound is ranked after every offering within it
-(kept last: where nothing else is on offer it is still used). A late job (``trigger.wait_slo``) whose first choice under the guard is
-spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting
-would only spend the slack its restarts need; on-demand first choices wait for their deadline, as
-on-prem may still take them.
+SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the odds
+of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for a new
+node. A job of wait so far ``w`` (now - submitted - ``Job.ran_s``, the earlier attempts' run of a
+requeued job; where the queue does not report it, that run counts as waiting and the job is assumed
+to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``. Interruptions
+are Poisson of mean ``N`` (the offering's expected count). With no room, the odds of a miss are
+``P(X >= 1)``. With room, the job misses only if its first attempt is cut and, requeued, it runs
+out of room on spot and is cut again there; with no room the guard lets it on spot only at odds
+within the bound, so the odds are at most ``P(X >= 1) x bound``: in effect a job runs on spot while
+it has room for a restart, then where the guard allows (mostly on demand). A spot offering whose
+odds are above the bound is ranked after every offering within it (kept last: where nothing else is
+on offer it is still used). A late job (``trigger.wait_slo``) whose first choice under the guard is
+spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting would
+only spend the slack its restarts need; on-demand first choices wait for their deadline, as on-prem
+may still take them.
 
-Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval): a queue of 100k
-jobs has few.
+Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval; with the guard,
+whether it has room for a restart): a queue of 100k jobs has few.
 """
 
 from __future__ import annotations
@@ -210,8 +211,8 @@ class SpotChooser:
     def restarts_allowed(self, job: Job) -> int:
         """Restarts ``job``'s slack absorbs if it is launched for now (the SLO guard)."""
         # (a requeued job's earlier run is not waiting: ran_s, where the queue reports it)
-        waited = max((self.now - job.submitted_at).total_seconds() - job.ran_s,  # type: ignore[operator]
-                     0.0)
+        since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
+        waited = max(since - job.ran_s, 0.0)
         slack = self.slo_s - waited - self.boot_s
         if slack <= 0:
             return 0
