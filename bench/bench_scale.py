@@ -3,7 +3,7 @@ run, so the ratios hold on any machine. Prints figures; not a test.
 
     python bench/bench_scale.py [--pending 100000] [--nodes 10000] [--lines 300000]
                                 [--clients 8] [--seconds 5] [--pg [URL]] [--no-sqlite]
-                                [--skip-cli] [--profile [--profile-out FILE]]
+                                [--skip-cli | --api-only] [--profile [--profile-out FILE]]
 
 Builds, through the real migrations, a store (SQLite in a temporary directory; with ``--pg`` also
 a fresh PostgreSQL database created on the server of URL, default the test server, dropped
@@ -22,7 +22,9 @@ full of work, and ``--lines`` cost lines over 90 days (bench_report's spread). T
 * ``burst api`` under ``--clients`` concurrent keep-alive clients for ``--seconds`` per route:
   p50/p99 of ``/v1/costs`` over 30 and 90 days grouped by project and of ``/v1/budgets``, next to
   ``/healthz`` (what any answer costs through uvicorn and the middleware);
-* peak memory (max RSS) of this process after the tick and plan figures.
+* peak memory (max RSS) of this process after the tick and plan figures;
+* ``budget_statuses`` in process once every node has launched and the ledger has not reached
+  any (:func:`measure_budgets`), next to the plain ``SELECT`` of the live nodes' rows.
 
 The planning pass leaves the reconcile phase out: the nodes are written to the store, not
 launched at the sim provider, which would report them gone.
@@ -264,11 +266,45 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
             stats.sort_stats("cumulative").print_stats(40)
             if args.profile_out:
                 stats.dump_stats(args.profile_out)
+        measure_budgets(store, policy, args)
         if not args.skip_cli:
             policy_file = Path(state) / "bench.yaml"
             policy_file.write_text(yaml.safe_dump(cli_policy_doc()))
             measure_cli(store.url if store.dialect == "postgresql" else _raw_url(store),
                         policy_file, state, args)
+
+
+def measure_budgets(store: Store, policy: object, args: argparse.Namespace) -> None:
+    """Budgets at 10,000 live nodes the ledger has not reached: after the tick figures, every
+    bench node gets its ``launching`` event (at its creation) and the ledger reach is rebuilt
+    (what a load around the store does), so each node accrues from its launch with no line:
+    the accrual's worst case, one row per node in the aggregate. ``budget_statuses`` in process
+    (11 budgets, November's window) next to the plain ``SELECT`` of the live nodes' pool,
+    project and price; the API figures below read the same store."""
+    from orchestrator.costs.budgets import budget_statuses
+
+    with store.engine.begin() as conn:
+        rows = [dict(node_id=r.id, at=r.created_at, from_state="requested",
+                     to_state="launching", reason="bench", details={})
+                for r in conn.execute(sa.select(T.nodes.c.id, T.nodes.c.created_at))]
+        for i in range(0, len(rows), 2000):
+            conn.execute(sa.insert(T.node_events), rows[i:i + 2000])
+    store.rebuild_ledger_reach()
+    statuses = budget_statuses(store, [policy], NOW)  # type: ignore[list-item]
+    med, low = cpu(lambda: budget_statuses(store, [policy], NOW),  # type: ignore[list-item]
+                   max(args.repeat, 5))
+    sql = "SELECT pool, project, price_usd_hour FROM nodes WHERE state != 'terminated'"
+
+    def floor() -> object:
+        with store.engine.connect() as conn:
+            return conn.exec_driver_sql(sql).all()
+
+    floor_med, _ = cpu(floor, max(args.repeat, 5))
+    spent = sum(s.spent_usd for s in statuses if s.project is None)
+    print(f"  budget_statuses, {len(statuses)} budgets, {len(rows):,} launched nodes "
+          f"unrolled   {med * 1000:6.1f} ms CPU (min {low * 1000:.1f}); floor: SELECT of the "
+          f"live nodes' rows {floor_med * 1000:.1f} ms ({med / floor_med:.2f}x); "
+          f"pool spend ${spent:,.2f}")
 
 
 def _raw_url(store: Store) -> str:
@@ -308,6 +344,9 @@ def cli_env(url: str, policy_file: Path, state: str) -> dict:
 def measure_cli(url: str, policy_file: Path, state: str, args: argparse.Namespace) -> None:
     burst = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
     env = cli_env(url, policy_file, state)
+    if args.api_only:
+        measure_api(env, url, args)
+        return
     submit = [*burst, "submit", "--project", "project-00", "--gpus", "1", "--duration", "1h",
               "--json", "--count"]
     one = _process([*submit, "1"], env)
@@ -377,6 +416,8 @@ def main() -> None:
     ap.add_argument("--pg", nargs="?", const=PG_DEFAULT, default=None,
                     help="also on PostgreSQL (a fresh database on this server, dropped after)")
     ap.add_argument("--skip-cli", action="store_true", help="leave out the CLI and API figures")
+    ap.add_argument("--api-only", action="store_true",
+                    help="of the CLI and API figures, only the API's (no burst submit/status)")
     ap.add_argument("--profile", action="store_true", help="profile one planning pass")
     ap.add_argument("--profile-out", metavar="FILE", help="with --profile: write the pstats")
     ap.add_argument("--no-sqlite", action="store_true", help="with --pg: PostgreSQL only")

@@ -78,16 +78,16 @@ class WindowLines:
 class WindowSpend:
     """:func:`spend` of many budgets at one ``now``: the ledger's lines per (pool, project) of
     each window (:class:`WindowLines`, one read per window) and the accrual of the nodes the
-    lines have not reached, per (pool, project) once per window: one SQL aggregate over the
-    store's ledger reach (``Store.ledger_accrual_by_group``) plus, in Python, the few nodes whose
-    price it cannot sum. ``accrual``: sum these nodes' accrual here instead (what tests compare).
-    Exact: the same integer micro-dollars as :func:`spend`, added in another order."""
+    lines have not reached, per (pool, project) once per window, from the store's ledger reach
+    read once in groups of nodes that accrue alike (``Store.ledger_accrual_groups``): each
+    group's micro-dollars worked out once, times its nodes. ``groups``: these instead (read
+    once by the caller; or every node on its own, count 1, as tests compare). Exact: the same
+    integer micro-dollars as :func:`spend`, added in another order."""
 
     def __init__(self, store: Store, now: datetime,
-                 accrual: list[AccrualNode] | None = None) -> None:
-        self._store = store
+                 groups: list[tuple[AccrualNode, int]] | None = None) -> None:
         self._lines = WindowLines(store)
-        self._accrual = accrual
+        self._groups = store.ledger_accrual_groups() if groups is None else groups
         self._now = require_aware(now, "now")
         self._accrued: dict[tuple[datetime, datetime],
                             dict[tuple[str, str | None], int]] = {}
@@ -96,17 +96,12 @@ class WindowSpend:
         """Micro-dollars accrued in [since, min(now, until)) per (pool, project) of the nodes."""
         key = (since, until)
         if key not in self._accrued:
-            if self._accrual is None:
-                groups, rest = self._store.ledger_accrual_by_group(
-                    since=since, until=until, now=self._now,
-                    minimum_s=DEFAULT_BILLING.minimum_s, increment_s=DEFAULT_BILLING.increment_s)
-            else:
-                groups, rest = {}, self._accrual
-            for node in rest:
+            groups: dict[tuple[str, str | None], int] = {}
+            for node, count in self._groups:
                 micros_ = _accrued_micros(node, since, until, self._now)
                 if micros_:
                     group = (node.pool, node.project)
-                    groups[group] = groups.get(group, 0) + micros_
+                    groups[group] = groups.get(group, 0) + micros_ * count
             self._accrued[key] = groups
         return self._accrued[key]
 

@@ -13,15 +13,17 @@ those facts, written in the transactions that change them:
   its lines reach past it (:func:`on_lines`);
 * a row goes once its node is terminated and its mark reaches the termination: the ledger is
   final for it, it accrues nothing more (the roll-up's own rule for a node to roll up);
-* :func:`rebuild` derives every row from nodes, events, marks and lines (migration 0019 on
+* :func:`rebuild` derives every row from nodes, events, marks and lines (migrations 0019-0020 on
   upgrade, ``burst db rebuild-rollups`` after a load around the store).
 
-Times are integer microseconds since the epoch and prices whole micro-dollars an hour, so the
-accrual of every node, ``round_half_even(price x span / 3600)`` micro-dollars exactly as
-:func:`orchestrator.costs.attribution.usd_micros` rounds it, is one ``SUM ... GROUP BY pool,
-project`` in integer SQL (:func:`accrual_by_group`) on SQLite and PostgreSQL alike. A price that
-is no whole number of micro-dollars, or too large for the 64-bit products, has no
-``price_micros``: those few nodes come back as :class:`AccrualNode` for Python to add.
+Times are integer microseconds since the epoch. Budgets read the rows grouped
+(:meth:`Accrual.ledger_accrual_groups`): nodes of one pool, project and price whose unbilled time
+starts at the same instant (``start_us``: where their lines reach, or their launch when they have
+none) and ends at the same one accrue exactly the same micro-dollars, so Python works out
+``usd_micros`` once per group and multiplies by its count. A roll-up pass brings every live node
+it rolls up to the same reach, so a site of 10,000 live nodes reads a few hundred groups, streamed
+in order from one covering index with no sort; nodes that all differ (never rolled up, launched
+at different instants) read one group each, as many rows as before but no per-node lookups.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,9 +44,6 @@ from orchestrator.store.base import StoreBase, require_aware
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 _HOUR_US = 3_600_000_000
-# price_micros x (span % hour) must stay within a signed 64-bit integer: up to $2,000 an hour
-# here (2e9 x 3.6e9 = 7.2e18 < 9.2e18); a dearer node is summed in Python.
-MAX_SQL_PRICE_MICROS = 2_000_000_000
 
 
 class LedgerReachRow(T.Base):
@@ -57,13 +55,23 @@ class LedgerReachRow(T.Base):
     pool: Mapped[str] = mapped_column(sa.String(T.STR_NAME))
     project: Mapped[str | None] = mapped_column(sa.String(T.STR_NAME))
     price_usd_hour: Mapped[float] = mapped_column(sa.Float)
-    # The price in whole micro-dollars an hour (NULL: not whole, or over MAX_SQL_PRICE_MICROS).
-    price_micros: Mapped[int | None] = mapped_column(sa.BigInteger)
     launched_us: Mapped[int | None] = mapped_column(sa.BigInteger)  # first launching event
     ended_us: Mapped[int | None] = mapped_column(sa.BigInteger)  # first terminated event
     terminated_us: Mapped[int | None] = mapped_column(sa.BigInteger)  # state_since, terminated
     mark_us: Mapped[int | None] = mapped_column(sa.BigInteger)  # ledger_marks.final_through
     covered_us: Mapped[int | None] = mapped_column(sa.BigInteger)  # how far its lines reach
+    # What budgets group by, kept with the above: where unbilled time starts (covered_us, else
+    # launched_us; NULL while never launched, lines or not), whether lines cover it (covered_us is set: no billing
+    # minimum), and whether the node is not yet terminated (its price is burning).
+    start_us: Mapped[int | None] = mapped_column(sa.BigInteger)
+    billed: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    live: Mapped[bool] = mapped_column(sa.Boolean, default=True, server_default=sa.true())
+
+    __table_args__ = (
+        # Covering, in the budgets' GROUP BY order: the read streams it with no sort.
+        sa.Index("ix_ledger_reach_groups", "pool", "project", "price_usd_hour", "start_us",
+                 "billed", "ended_us", "live"),
+    )
 
 
 ledger_reach: sa.Table = LedgerReachRow.__table__  # type: ignore[assignment]
@@ -109,15 +117,6 @@ def from_us(value: int | None) -> datetime | None:
     return None if value is None else EPOCH + timedelta(microseconds=int(value))
 
 
-def price_micros(price: float) -> int | None:
-    """``price`` in whole micro-dollars an hour as ``attribution.rate`` reads it (a float through
-    its shortest text), or None when it is not whole or too large for the SQL sum."""
-    value = Decimal(str(price)) * 1_000_000
-    if value < 0 or value != value.to_integral_value() or value > MAX_SQL_PRICE_MICROS:
-        return None
-    return int(value)
-
-
 def _us(moment: datetime | None) -> int | None:
     return None if moment is None else epoch_us(moment)
 
@@ -127,13 +126,13 @@ def _us(moment: datetime | None) -> int | None:
 def on_add(conn: Connection, insert: Any, node: Node, event_state: NodeState,
            event_at: datetime) -> None:
     """The row of a node just inserted with its first event."""
+    launched = _us(event_at) if event_state is NodeState.LAUNCHING else None
     conn.execute(insert(ledger_reach).values(
-        node_id=node.id, pool=node.pool, project=node.project,
-        price_usd_hour=node.price_usd_hour, price_micros=price_micros(node.price_usd_hour),
-        launched_us=_us(event_at) if event_state is NodeState.LAUNCHING else None,
-        ended_us=_us(event_at) if event_state is NodeState.TERMINATED else None,
+        node_id=node.id, pool=node.pool, project=node.project, price_usd_hour=node.price_usd_hour,
+        launched_us=launched, ended_us=_us(event_at) if event_state is NodeState.TERMINATED else None,
         terminated_us=_us(node.state_since) if node.state is NodeState.TERMINATED else None,
-        mark_us=None, covered_us=None).on_conflict_do_nothing())
+        mark_us=None, covered_us=None, start_us=launched, billed=False,
+        live=node.state is not NodeState.TERMINATED).on_conflict_do_nothing())
 
 
 def on_event(conn: Connection, node_id: str, to_state: NodeState, at: datetime,
@@ -144,12 +143,12 @@ def on_event(conn: Connection, node_id: str, to_state: NodeState, at: datetime,
     if to_state is NodeState.LAUNCHING:
         conn.execute(sa.update(ledger_reach).where(
             _r.node_id == node_id, sa.or_(_r.launched_us.is_(None), _r.launched_us > at_us))
-            .values(launched_us=at_us))
+            .values(launched_us=at_us, start_us=sa.func.coalesce(_r.covered_us, at_us)))
     elif to_state is NodeState.TERMINATED:
         conn.execute(sa.update(ledger_reach).where(_r.node_id == node_id).values(
             ended_us=sa.case((sa.or_(_r.ended_us.is_(None), _r.ended_us > at_us), at_us),
                              else_=_r.ended_us),
-            terminated_us=epoch_us(state_since)))
+            terminated_us=epoch_us(state_since), live=False))
         _prune(conn, node_id)
 
 
@@ -164,8 +163,10 @@ def on_lines(conn: Connection, subject: str) -> None:
         query = query.where(c.period_start >= mark)
     reach = conn.execute(query).scalar()
     covered = reach if mark is None else (mark if reach is None or reach < mark else reach)
-    conn.execute(sa.update(ledger_reach).where(_r.node_id == subject)
-                 .values(mark_us=_us(mark), covered_us=_us(covered)))
+    conn.execute(sa.update(ledger_reach).where(_r.node_id == subject).values(
+        mark_us=_us(mark), covered_us=_us(covered), billed=covered is not None,
+        start_us=_r.launched_us if covered is None else sa.case(
+            (_r.launched_us.is_(None), None), else_=_us(covered))))
     _prune(conn, subject)
 
 
@@ -214,40 +215,13 @@ def derive(conn: Connection) -> Iterable[dict[str, Any]]:
         covered = reach if mark is None else (mark if reach is None or reach < mark else reach)
         launched, ended = spans.get(r.id, (None, None))
         yield dict(node_id=r.id, pool=r.pool, project=r.project, price_usd_hour=r.price_usd_hour,
-                   price_micros=price_micros(r.price_usd_hour), launched_us=_us(launched),
-                   ended_us=_us(ended), terminated_us=_us(terminated), mark_us=_us(mark),
-                   covered_us=_us(covered))
+                   launched_us=_us(launched), ended_us=_us(ended), terminated_us=_us(terminated),
+                   mark_us=_us(mark), covered_us=_us(covered),
+                   start_us=None if launched is None else _us(covered or launched),
+                   billed=covered is not None, live=terminated is None)
 
 
 # -- reads -------------------------------------------------------------------------------------------
-
-def _accrual_sql(dialect: str, minimum_us: int, increment_us: int) -> str:
-    """The accrual of every node with an SQL price, per (pool, project), in integer SQL:
-    ``attribution.usd_micros(rate(price), span)`` with the span split at whole hours so every
-    product fits 64 bits, and half to even as Python's ``round``."""
-    lo, hi = ("LEAST", "GREATEST") if dialect == "postgresql" else ("MIN", "MAX")
-    billed = f"{hi}(e - s, {minimum_us})"
-    if increment_us > 0:
-        billed = f"(({billed} + {increment_us - 1}) / {increment_us}) * {increment_us}"
-    h = _HOUR_US
-    whole = f"(p * (span / {h}) + (p * (span % {h})) / {h})"
-    left = f"((p * (span % {h})) % {h})"
-    return f"""
-SELECT pool, project, SUM({whole} + CASE WHEN 2 * {left} > {h}
-                                          OR (2 * {left} = {h} AND {whole} % 2 = 1)
-                                     THEN 1 ELSE 0 END)
-FROM (SELECT pool, project, p,
-             CASE WHEN covered_us IS NULL AND s = launched_us THEN {billed} ELSE e - s END
-             AS span
-      FROM (SELECT pool, project, price_micros AS p, covered_us, launched_us,
-                   {lo}(COALESCE(ended_us, :now), :now, :until) AS e,
-                   {hi}(COALESCE(covered_us, launched_us), :since) AS s
-            FROM ledger_reach
-            WHERE launched_us IS NOT NULL AND price_micros IS NOT NULL
-              AND (terminated_us IS NULL OR mark_us IS NULL OR mark_us < terminated_us)) w
-      WHERE e > s) x
-GROUP BY pool, project"""
-
 
 def _node(r: Any) -> AccrualNode:
     return AccrualNode(r.node_id, r.project, r.price_usd_hour, from_us(r.launched_us),  # type: ignore[arg-type]
@@ -257,11 +231,10 @@ def _node(r: Any) -> AccrualNode:
 class Accrual(StoreBase):
     """The ledger-reach methods of the Store."""
 
-    def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None,
-                             sql_priced: bool = True) -> list[AccrualNode]:
+    def ledger_accrual_nodes(self, *, pool: str | None = None, project: str | None = None
+                             ) -> list[AccrualNode]:
         """Launched nodes whose ledger is not final through their end, with how far their lines
-        reach (by node creation): what budgets add on top of the lines while the roll-up lags.
-        ``sql_priced=False``: only those :meth:`ledger_accrual_by_group` leaves to Python."""
+        reach (by node creation): what budgets add on top of the lines while the roll-up lags."""
         n = T.nodes.c
         query = (sa.select(ledger_reach).join(T.nodes, n.id == _r.node_id)
                  .where(_r.launched_us.is_not(None), _OPEN).order_by(n.created_at, n.id))
@@ -269,37 +242,30 @@ class Accrual(StoreBase):
             query = query.where(_r.pool == pool)
         if project is not None:
             query = query.where(_r.project == project)
-        if not sql_priced:
-            query = query.where(_r.price_micros.is_(None))
         with self._read() as conn:
             return [_node(r) for r in conn.execute(query)]
 
-    def ledger_accrual_by_group(self, *, since: datetime, until: datetime, now: datetime,
-                                minimum_s: int, increment_s: int
-                                ) -> tuple[dict[tuple[str, str | None], int], list[AccrualNode]]:
-        """Micro-dollars the ledger's lines have not reached in [since, min(now, until)), per
-        (pool, project launched for), of every node with an SQL price, in one aggregate (a node
-        never rolled up counts its billing minimum: ``minimum_s``, ``increment_s``); and the
-        nodes without one, for the caller to add."""
-        params = {"since": epoch_us(require_aware(since, "since")),
-                  "until": epoch_us(require_aware(until, "until")),
-                  "now": epoch_us(require_aware(now, "now"))}
-        sql = sa.text(_accrual_sql(self.dialect, minimum_s * 1_000_000, increment_s * 1_000_000))
+    def ledger_accrual_groups(self) -> list[tuple[AccrualNode, int]]:
+        """The launched nodes the ledger is not final for, as (a node standing for the group,
+        how many nodes): nodes of one pool, project and price whose unbilled time starts and
+        ends at the same instants, which accrue the same in any window. One ``GROUP BY``
+        streamed from a covering index. The group's node has no id; its ``launched`` is the
+        start of unbilled time, its ``covered_through`` the same when lines cover it."""
+        keys = (_r.pool, _r.project, _r.price_usd_hour, _r.start_us, _r.billed, _r.ended_us)
+        query = (sa.select(*keys, sa.func.count()).where(_r.start_us.is_not(None))
+                 .group_by(*keys))
         with self._read() as conn:
-            groups = {(pool, project): int(total)
-                      for pool, project, total in conn.execute(sql, params) if total}
-            rest = [_node(r) for r in conn.execute(
-                sa.select(ledger_reach).where(_r.launched_us.is_not(None), _OPEN,
-                                              _r.price_micros.is_(None)))]
-        return groups, rest
+            return [(AccrualNode("", project, float(price), from_us(start),  # type: ignore[arg-type]
+                                 from_us(ended), from_us(start) if billed else None, pool),
+                     int(count))
+                    for pool, project, price, start, billed, ended, count in conn.execute(query)]
 
     def live_node_price_counts(self) -> list[tuple[str, str | None, float, int]]:
         """(pool, project launched for, hourly price, nodes) of the nodes not yet terminated:
-        the burn rates of every budget in one ``GROUP BY``, not a row per node."""
-        n = T.nodes.c
-        query = (sa.select(n.pool, n.project, n.price_usd_hour, sa.func.count())
-                 .where(n.state != NodeState.TERMINATED.value)
-                 .group_by(n.pool, n.project, n.price_usd_hour))
+        the burn rates of every budget in one ``GROUP BY`` over the covering index of the ledger
+        reach (every node has a row until the ledger is final for it, after its termination)."""
+        keys = (_r.pool, _r.project, _r.price_usd_hour)
+        query = sa.select(*keys, sa.func.count()).where(_r.live.is_(True)).group_by(*keys)
         with self._read() as conn:
             return [(pool, project, float(price), int(count))
                     for pool, project, price, count in conn.execute(query)]
@@ -334,5 +300,5 @@ class Accrual(StoreBase):
             return rebuild(conn, self._insert)
 
 
-__all__ = ["MAX_SQL_PRICE_MICROS", "Accrual", "AccrualNode", "CommitNode", "derive", "epoch_us", "from_us",
-           "ledger_reach", "on_add", "on_event", "on_lines", "price_micros", "rebuild"]
+__all__ = ["Accrual", "AccrualNode", "CommitNode", "derive", "epoch_us", "from_us", "ledger_reach",
+           "on_add", "on_event", "on_lines", "rebuild"]

@@ -212,6 +212,12 @@ sa.Index("ix_jobs_pending_order", JobRow.state, JobRow.priority.desc(), JobRow.s
          JobRow.id)
 
 
+# Budget status reads the live nodes that may still owe part of their launch commitment
+# (orchestrator.store.accrual.nodes_committing) from this index alone. Migration 0020.
+sa.Index("ix_nodes_commitments", NodeRow.budget_commit_usd, NodeRow.state, NodeRow.created_at,
+         NodeRow.price_usd_hour, NodeRow.pool, NodeRow.project)
+
+
 class JobRunRow(Base):
     """An append-only history of job runs on burst nodes: one row per run of a job on a node,
     opened when it starts and closed (``ended_at``, ``outcome``) when it finishes, is handed back

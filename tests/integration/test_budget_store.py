@@ -1,6 +1,7 @@
 """Budgets against a real store (SQLite and PostgreSQL): the executor records each launch's
 commitment, the Observer fills ``Snapshot.budget_spend`` from the cost ledger, and
-``budget_statuses`` reports where each budget stands."""
+``budget_statuses`` reports where each budget stands, its burn and commitments equal to those of
+every live node's record (hypothesis)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from orchestrator.costs.budgets import budget_statuses
 from orchestrator.domain import NodeState
+from orchestrator.lifecycle import NodeEvent
 from orchestrator.observe import Observer
 from orchestrator.planner import plan
+from orchestrator.planner.budgets import MICRO, outstanding_usd
 from orchestrator.store import Store
-from tests.builders import POLICY, T0, make_policy, make_rig
+from tests.builders import POLICY, T0, make_node, make_offering, make_policy, make_rig
 
 BUDGETS = [
     {"name": "research-monthly", "project": "research", "limit_usd": 40},
@@ -80,3 +86,36 @@ def test_status_grades_and_no_budgets(store: Store) -> None:
     assert budget_statuses(store, [make_policy()], now) == []
     later = now + timedelta(days=31)  # April: a new window
     assert budget_statuses(store, [policy], later)[0].window_start == datetime(2025, 4, 1, tzinfo=UTC)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(nodes=st.lists(st.fixed_dictionaries({
+    "state": st.sampled_from([NodeState.REQUESTED, NodeState.LAUNCHING, NodeState.READY]),
+    "project": st.sampled_from([None, "research", "other"]),
+    "price": st.sampled_from([0.0, 1.0, 9.5, 10.35, 1.2345678]),
+    "commit": st.sampled_from([0.0, 0.5, 5.0, 13.333334, 40.0]),
+    "age_s": st.integers(0, 8 * 3600),
+}), max_size=8))
+def test_burn_and_commitments_equal_those_of_every_live_node(store: Store, nodes: list) -> None:
+    """Budget status reads live prices grouped and commitments of young nodes only: the same
+    burn and committed USD as summing every live node's record."""
+    with store.engine.begin() as conn:
+        for table in ("ledger_reach", "node_events", "nodes"):
+            conn.exec_driver_sql(f"DELETE FROM {table}")
+    policy = make_policy(budgets=[{"name": "pool", "limit_usd": 1000},
+                                  {"name": "research", "project": "research", "limit_usd": 50}])
+    now = T0 + timedelta(hours=9)
+    for i, d in enumerate(nodes):
+        created = now - timedelta(seconds=d["age_s"])
+        node = make_node(f"n{i}", state=d["state"], project=d["project"],
+                         offering=make_offering(price=d["price"]), state_since=created,
+                         created_at=created, budget_commit_usd=d["commit"])
+        assert store.add_node(node, NodeEvent(node.id, created, None, d["state"], "t", {}))
+    live = store.nodes()
+    for status in budget_statuses(store, [policy], now):
+        scope = [n for n in live if status.project is None or n.project == status.project]
+        assert status.burn_usd_hour == sum((Decimal(str(n.price_usd_hour)) for n in scope),
+                                           Decimal(0))
+        assert status.committed_usd == sum((outstanding_usd(n, now) for n in scope),
+                                           Decimal(0)).quantize(MICRO)

@@ -1,10 +1,11 @@
 """The ledger reach (orchestrator.store.accrual) on SQLite and PostgreSQL: for random nodes
-(launched or not, live or terminated, prices the SQL sum takes and ones it leaves to Python) with
-random lines and marks written before or after their termination, the budgets' accrual read with
-one aggregate equals, to the micro-dollar per (pool, project), the accrual derived per node from
-nodes, events, marks and lines as budgets did before the reach was kept; the kept rows equal a
-rebuild from scratch, and a lost or garbled reach (a load around the store, a restore of some
-tables) is made right again by ``rebuild_cost_rollups`` (``burst db rebuild-rollups``)."""
+(launched or not, live or terminated, times to the microsecond) with random lines and marks
+written before or after their termination, the budgets' accrual read in groups equals, to the
+micro-dollar per (pool, project), the accrual derived per node from nodes, events, marks and lines
+as budgets did before the reach was kept, and the live nodes' prices those of the node rows; the
+kept rows equal a rebuild from scratch, and a lost or garbled reach (a load around the store, a
+restore of some tables) is made right again by ``rebuild_cost_rollups``
+(``burst db rebuild-rollups``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ TABLES = ("ledger_reach", "cost_lines", "cost_rollup_hours", "cost_rollup_days",
 node_st = st.fixed_dictionaries({
     "pool": st.sampled_from(["gpu", "big"]),
     "project": st.sampled_from([None, "vision", "nlp"]),
-    # Whole micro-dollars (the SQL sum), one that is not and one too dear for it (Python's).
+    # Few prices, so nodes share groups; one of no whole micro-dollar.
     "price": st.sampled_from([1.0, 9.5, 10.35, 0.0, 32.77, 1.2345678, 2500.0]),
     "launch": st.one_of(st.none(), st.integers(0, 600), st.integers(0, 3)),  # minutes after T0
     "launch_us": st.sampled_from([0, 1800, 5400, 30_000_001, 123_457]),
@@ -147,6 +148,21 @@ def grouped(nodes: list[AccrualNode], since: datetime, until: datetime,
     return out
 
 
+def live_prices(store: Store) -> list[tuple[str, str | None, float, int]]:
+    n = T.nodes.c
+    counts: dict[tuple[str, str | None, float], int] = {}
+    with store.engine.connect() as conn:
+        for r in conn.execute(sa.select(n.pool, n.project, n.price_usd_hour)
+                              .where(n.state != NodeState.TERMINATED.value)):
+            key = (r.pool, r.project, r.price_usd_hour)
+            counts[key] = counts.get(key, 0) + 1
+    return sorted(((*k, v) for k, v in counts.items()), key=_order)
+
+
+def _order(row: tuple) -> tuple:
+    return (row[0], row[1] is None, row[1] or "", *row[2:])
+
+
 def reach_rows(store: Store) -> set[tuple]:
     with store.engine.connect() as conn:
         kept = {tuple(r) for r in conn.execute(sa.select(ledger_reach))}
@@ -169,6 +185,9 @@ def test_the_accrual_aggregate_equals_the_per_node_derivation(
         since, until = until, since + H
     want = grouped(from_scratch(store), since, until, now)
     assert WindowSpend(store, now).accrued(since, until) == want
+    per_node = [(node, 1) for node in store.ledger_accrual_nodes()]
+    assert WindowSpend(store, now, per_node).accrued(since, until) == want
+    assert sorted(store.live_node_price_counts(), key=_order) == live_prices(store)
     assert sorted(store.ledger_accrual_nodes(), key=lambda a: a.node_id) == \
         sorted(from_scratch(store), key=lambda a: a.node_id)
     for pool, project in [(None, None), ("gpu", None), ("big", "nlp")]:
@@ -192,17 +211,36 @@ def test_the_accrual_aggregate_equals_the_per_node_derivation(
 
 
 def test_half_a_micro_dollar_rounds_to_even_as_python_does(store: Store) -> None:
-    """$1/h for 1,800 µs is half a micro-dollar: each node's accrual rounds half to even in SQL
-    as ``attribution.usd_micros`` rounds it in Python (0.5 -> 0, 1.5 -> 2, 2.5 -> 2), dear nodes
-    and prices of no whole micro-dollar summed in Python beside them."""
+    """$1/h for 1,800 µs is half a micro-dollar: a group of nodes accrues its count times one
+    node's rounded micro-dollars (0.5 -> 0, 1.5 -> 2, 2.5 -> 2, half to even), never the rounded
+    sum of their exact cost."""
     empty(store)
     halves = [1800, 5400, 9000, 3_600_000_000 + 1800]
     specs = [{"pool": f"p{i}", "project": None, "price": price, "launch": 0, "launch_us": 0,
               "life": None, "lines": 0, "mark": 0, "lines_after_end": False}
              for i, price in enumerate([1.0, 1.0, 1.0, 1.0, 2500.0, 1.2345678])]
+    specs += [{**specs[0], "pool": "p0"}, {**specs[0], "pool": "p0"}]  # three alike in p0
     build(store, specs)  # each marked final through its launch: accrual from there, no minimum
     for span in halves:
         now = T0 + timedelta(microseconds=span)
         got = WindowSpend(store, now).accrued(T0 - H, T0 + 2 * H)
         assert got == grouped(from_scratch(store), T0 - H, T0 + 2 * H, now)
-        assert got.get(("p0", None), 0) == round(span / 3600)  # exact halves: Python's half to even
+        assert got.get(("p0", None), 0) == 3 * round(span / 3600)  # Python's half to even
+
+
+def test_migrations_build_the_reach_from_what_a_store_holds(store: Store) -> None:
+    """0019 derives the rows from nodes, events, marks and lines; 0020 their groups' columns:
+    from a store at 0018 or at 0019 alike, the rows the upkeep keeps."""
+    empty(store)
+    specs = [{"pool": ["gpu", "big"][i % 2], "project": [None, "nlp", "vision"][i % 3],
+              "price": [9.5, 1.2345678, 32.77][i % 3], "launch": [None, 5, 30, 90][i % 4],
+              "launch_us": [0, 1800][i % 2], "life": [None, 40, 200][i % 3],
+              "lines": [None, 0, 3][i % 3], "mark": [None, 1, 5][(i // 3) % 3],
+              "lines_after_end": bool(i % 2)} for i in range(18)]
+    build(store, specs)
+    want = reach_rows(store)
+    assert want  # live and unfinished nodes
+    for revision in ("0018", "0019"):
+        store.downgrade(revision)
+        store.upgrade()
+        assert reach_rows(store) == want
