@@ -158,6 +158,12 @@ class PolicyController(Controller):
             if self._quiet:
                 engine.next_tick = None
             return
+        held = not idle and self.idle_mode is not IdleMode.PLAN and self.idle.held(now)
+        if held and self.idle_mode is IdleMode.SKIP:
+            # plan() would only hold again, as at the last plan (idletick's second rule).
+            engine.counters.held_ticks += 1
+            engine.world.staging_held = frozenset()
+            return
         before = engine.store.load_memory().get(name)
         acted = False
         for _ in range(1 + MAX_REPLANS):
@@ -170,8 +176,8 @@ class PolicyController(Controller):
             report = engine.executor.execute(plan)
             engine.settle(report)
             acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
-            if idle:  # IdleMode.CHECK: the rule said this plan does nothing
-                _check_idle(plan, before, now)
+            if idle or held:  # IdleMode.CHECK: the rule said this plan does nothing
+                _check_idle(plan, before, now, held)
             if not report.capacity_errors:
                 break
             if not report.launched:
@@ -180,6 +186,7 @@ class PolicyController(Controller):
                 engine.store.save_memory(name, replace(
                     plan.memory[name], last_launch_at=previous.last_launch_at if previous else None))
         after = engine.store.load_memory().get(name) or PolicyMemory()
+        self.idle.planned(plan, before, after)
         self._quiet = (self.sleep_when_idle and quiet and not acted
                        and after == (before or PolicyMemory()))
         if self._quiet:
@@ -300,10 +307,14 @@ class ThresholdController(_Bursting):
         self.run(actions, now)
 
 
-def _check_idle(plan, before: PolicyMemory | None, now: float) -> None:
+def _check_idle(plan, before: PolicyMemory | None, now: float, held: bool = False) -> None:
     [decision] = plan.decisions
     memory = next(iter(plan.memory.values()))
-    if plan.actions or decision.rule is not Rule.NO_DEMAND or memory != (before or PolicyMemory()):
+    if held:  # only Holds, whatever the rule
+        wrong = any(not isinstance(a, Hold) for a in plan.actions)
+    else:
+        wrong = bool(plan.actions) or decision.rule is not Rule.NO_DEMAND
+    if wrong or memory != (before or PolicyMemory()):
         raise AssertionError(f"at {now:.0f} s the idle-tick rule skipped a plan that does "
                              f"something: {decision.rule}: {decision.summary}; "
                              f"{len(plan.actions)} action(s); memory {before} -> {memory}")

@@ -72,6 +72,7 @@ class Counters:
     peak_nodes: int = 0
     plans: int = 0  # plan() calls
     idle_ticks: int = 0  # ticks plan() was not called at: it provably did nothing (idletick)
+    held_ticks: int = 0  # ticks plan() was not called at: it provably only held again
     plan_wall_s: float = 0.0  # wall time inside plan() (for benchmarks; never in the JSON)
     ticks: int = 0
     samples: list[Sample] = field(default_factory=list)

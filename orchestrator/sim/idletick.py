@@ -10,6 +10,17 @@ from the world and the store alone; the controller then records that decision's 
 the call (``tests/sim/test_idle_ticks.py`` replays slices with and without the skip, and
 with every skipped tick planned and checked, and compares every job's outcome and the cost).
 
+A second rule, :meth:`IdleTicks.held`, covers ticks the limits decide: jobs pending, but the
+node count at ``limits.max_nodes`` with every node ready and all its GPUs busy, so nothing can
+launch, drain or be absorbed. If nothing changed since the last plan (no job arrived, started or
+ended, no node changed) and that plan only held (no action) with its trigger holding, the plan
+now only holds again: its demand is the same, and the trigger, fired then, is fired now (its
+pending-GPU part does not depend on the clock, its wait part only grows), so ``trigger_since``
+stays. Its rule and text may move with the clock (``wait_slo``'s due jobs), so such a tick is
+counted apart (``held_ticks``), not by rule. A policy whose jobs may stage data is left out
+(staging holds jobs off burst nodes by their predicted wait, which moves with the clock); project
+quotas are allowed here (what a project holds is read from the nodes and runs, not the clock).
+
 Only the plain case is claimed: a policy with budgets or project quotas (spend and holdings move
 with time), learned capacity or boot times (their views decay with time), a capacity block in
 force, a node in flight, draining, released, under-used or of another policy, or fewer nodes than
@@ -23,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator.domain.nodes import NodeState
+from orchestrator.domain.plan import Hold
 from orchestrator.policy.models import Policy
 from orchestrator.sim.simjob import seconds
 
@@ -47,6 +59,7 @@ class NodesView:
     version: int
     plain: bool  # every live node is ready, this policy's, not released, not under-used
     count: int
+    full: bool  # every GPU of every live node busy (nothing for pending jobs to be absorbed on)
     idle_until: float  # the first instant an idle node reaches idle_for (inf: none idle)
 
 
@@ -61,7 +74,41 @@ class IdleTicks:
         self.applies = (not policy.budgets
                         and not any(p.max_burst_gpus is not None for p in policy.projects)
                         and engine.learner is None and engine.boot_learner is None)
+        # The second rule reads no clock through quotas (what each project holds is the nodes'
+        # and runs'), so it allows them; budgets (spend over time) and learners it does not.
+        self.applies_held = (not policy.budgets and engine.learner is None
+                             and engine.boot_learner is None)
         self._view: NodesView | None = None
+        self.stages = (policy.pool.storage is not None
+                       or any(p.storage is not None for p in policy.projects)
+                       or any(j.trace.dataset_gb is not None for j in engine.world.jobs))
+        self._held_after: tuple | None = None  # the state after the last plan that only held
+
+    def state(self) -> tuple:
+        """What the planner reads that only events change (the clock aside)."""
+        engine = self.engine
+        return (engine.world.changes, engine.store.version, engine.world.onprem.version)
+
+    def planned(self, plan, memory_before, memory_after) -> None:
+        """After a plan: remember the state if the plan only held with its trigger holding."""
+        self._held_after = None
+        if (not plan.actions or all(isinstance(a, Hold) for a in plan.actions)) \
+                and memory_after is not None and memory_after.trigger_since is not None \
+                and memory_after == memory_before:
+            self._held_after = self.state()
+
+    def held(self, now: float) -> bool:
+        """True when ``plan()`` at ``now`` only holds again (the second rule, module docstring)."""
+        engine = self.engine
+        if (not self.applies_held or self.stages or self._held_after is None
+                or not engine.world.pending or self._held_after != self.state()):
+            return False
+        view = self._nodes(engine.store)
+        limits = self.policy.limits
+        if not (view.plain and view.full and view.count == limits.max_nodes
+                and view.count >= limits.min_nodes):
+            return False
+        return not engine.store.has_blocks(engine.clock.now())
 
     def holds(self, now: float) -> bool:
         """True when ``plan()`` at ``now`` returns no action and the memory it was given."""
@@ -93,7 +140,8 @@ class IdleTicks:
             for node in live:
                 if node.running_jobs == 0 and node.idle_since is not None:
                     idle_until = min(idle_until, seconds(node.idle_since) + self.idle_for_s)
-        view = NodesView(store.version, plain, len(live), idle_until)
+        full = all(n.gpus_busy >= n.gpus for n in live)
+        view = NodesView(store.version, plain, len(live), full, idle_until)
         self._view = view
         return view
 

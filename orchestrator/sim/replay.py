@@ -280,6 +280,7 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
         extra["policy"] = policy.name
         extra["plans"] = counters.plans
         extra["idle_ticks"] = counters.idle_ticks
+        extra["held_ticks"] = counters.held_ticks
         extra["ticks"] = counters.ticks
         extra["decisions_by_rule"] = dict(sorted(store.rules.items()))
         extra["held_back_by"] = dict(sorted(store.held_back.items()))

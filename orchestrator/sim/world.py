@@ -94,6 +94,7 @@ class World(OnPremFill, BurstFill):
             job.checkpoint_s = policy.checkpoint_every_s(project)
             self.jobs.append(job)
         self.pending: dict[int, SimJob] = {}
+        self.changes = 0  # bumped when a job arrives, starts or ends (orchestrator.sim.idletick)
         self.pending_gpus = 0
         self._pending_tuple: tuple[Job, ...] | None = ()
         self._all: dict[int, list] = {}  # width -> heap of (key, attempt, job): every pending job
@@ -152,6 +153,7 @@ class World(OnPremFill, BurstFill):
     # -- jobs ------------------------------------------------------------------------------------
 
     def arrive(self, job: SimJob, now: float, eligible: bool) -> None:
+        self.changes += 1
         job.state = PENDING
         job.pending_since = now
         self.pending[job.index] = job
@@ -201,6 +203,7 @@ class World(OnPremFill, BurstFill):
         return started
 
     def _start(self, job: SimJob, alloc: Allocation, where: str, now: float) -> None:
+        self.changes += 1
         job.state = RUNNING
         job.wait_s += now - job.pending_since
         job.start_s = now
@@ -262,6 +265,7 @@ class World(OnPremFill, BurstFill):
         """A job's run ends; False for a stale end (the job was handed back meanwhile)."""
         if job.state != RUNNING or job.attempt != attempt:
             return False
+        self.changes += 1
         job.state = DONE
         job.end_s = now
         self.finished += 1

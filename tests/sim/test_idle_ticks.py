@@ -1,7 +1,8 @@
 """Skipping the ticks at which ``plan()`` provably does nothing (orchestrator.sim.idletick)
 changes no outcome: every job's start, end, place and wait, every node's life, the cost and the
-decisions counted by rule are those of planning every tick; and with every skipped tick planned
-and checked (``IdleMode.CHECK``) no plan does anything the rule said it would not."""
+decisions counted by rule (but for the ticks that only hold, counted apart) are those of planning
+every tick; and with every skipped tick planned and checked (``IdleMode.CHECK``) no plan does
+anything the rule said it would not."""
 
 from __future__ import annotations
 
@@ -21,15 +22,14 @@ ITP_DEFAULT = Path(__file__).resolve().parents[2] / "bench" / "policies" / "itp-
 SAMPLE = load_trace("itp-sample")
 
 
-def _outcome(engine):
+def _outcome(engine, by_rule: bool = True):
     return (
         [(j.trace.job_id, j.state, j.start_s, j.end_s, j.where, j.wait_s, j.burst_nodes,
           j.restarts) for j in engine.world.jobs],
         [(n.id, n.offering_key, n.created_at, n.state_since, n.state, n.launched_for)
          for n in engine.store.nodes(include_terminated=True)],
         sum(b.cost_micro_usd for b in engine.provider.bills()),
-        dict(engine.store.rules),
-        dict(engine.store.held_back),
+        (dict(engine.store.rules), dict(engine.store.held_back)) if by_rule else None,
         engine.store.predictions,
     )
 
@@ -43,14 +43,19 @@ def _replay_modes(policy, jobs: Trace, node_gpus: int | None = None, **option_ov
                          sizing, opts) for mode in IdleMode}
 
 
-def _assert_same(engines) -> None:
+def _assert_same(engines, held: bool = False) -> None:
+    """Same outcomes in every mode; ``held``: the second rule (ticks that only hold) is
+    exercised, and those ticks are not counted by rule (their rule moves with the clock)."""
     planned = engines[IdleMode.PLAN]
     skipped = engines[IdleMode.SKIP]
-    assert _outcome(skipped) == _outcome(planned)
+    by_rule = not held
+    assert _outcome(skipped, by_rule) == _outcome(planned, by_rule)
     assert _outcome(engines[IdleMode.CHECK]) == _outcome(planned)
-    assert planned.counters.idle_ticks == 0
-    assert skipped.counters.plans + skipped.counters.idle_ticks == planned.counters.plans
-    assert skipped.counters.idle_ticks > 0  # (the case is exercised)
+    assert planned.counters.idle_ticks == planned.counters.held_ticks == 0
+    counters = skipped.counters
+    assert counters.plans + counters.idle_ticks + counters.held_ticks == planned.counters.plans
+    assert sum(skipped.store.rules.values()) == counters.plans + counters.idle_ticks
+    assert (counters.held_ticks if held else counters.idle_ticks) > 0  # (the case is exercised)
 
 
 @pytest.mark.parametrize("node_gpus", [4, 8])
@@ -63,6 +68,13 @@ def test_the_itp_sample_with_capacity_errors_and_spot_interruptions():
     # their jobs back to the queue.
     rates = {"spot_capacity_error": 0.2, "interruptions_per_hour": 0.3}
     _assert_same(_replay_modes(load_policy(ITP_DEFAULT), SAMPLE, 4, rates=rates, seed=3))
+
+
+def test_the_itp_sample_under_the_shipped_default_whose_max_nodes_binds():
+    # Six nodes, all busy, while a queue waits: the ticks that only hold again are skipped.
+    rates = {"spot_capacity_error": 0.2, "interruptions_per_hour": 0.3}
+    _assert_same(_replay_modes(load_policy(DEFAULT_POLICY_PATH), SAMPLE, tick_s=300.0,
+                               rates=rates, seed=3), held=True)
 
 
 def test_idle_nodes_reaching_idle_for_at_a_tick_and_min_nodes():
