@@ -178,6 +178,17 @@ class OwnedBins:
         lists = [by_class[klass] for klass in allowed if class_free.get(klass, 0) >= gpus]
         return self._place_among(lists, gpus) if lists else None
 
+    def rooms_of(self, allowed: tuple[object, ...]) -> list[list[list[int]]]:
+        """The per-room bin lists of the classes in ``allowed`` that have bins, for
+        :meth:`place_in` (a caller placing many jobs of one class set builds them once)."""
+        return [self._by_class[klass] for klass in allowed if klass in self._by_class]
+
+    def place_in(self, lists: list[list[list[int]]], gpus: int) -> int | None:
+        """:meth:`place` with ``allowed`` given as :meth:`rooms_of` of it, for a one-node job
+        (``0 < gpus <= node_size``): the same bin (a class without room enough holds no bin
+        that fits, so reading its lists changes nothing but the dead entries dropped)."""
+        return self._place_among(lists, gpus) if gpus <= self.total else None
+
     def _place_among(self, lists: list[list[list[int]]], gpus: int) -> int | None:
         """:meth:`place` among the bins of ``lists`` (per class, per room): the latest-stamped
         live bin of the smallest room that fits, as :meth:`Bins.place` picks."""

@@ -76,7 +76,8 @@ def absorb_quotas(order: Ordered, onprem: Bins, burst: Bins, admit: NodeAdmitter
         return None if quota is None else quota - held.get(names[code], 0)
 
     room = [headroom(code) for code in range(len(names))]
-    allowed = [(ANY_NODE, name) for name in names]
+    allowed = [owned.rooms_of((ANY_NODE, name)) for name in names]
+    place_in = owned.place_in
     out = QuotaAbsorption(n, [], [], [], 0, 0, set(), None)
     burst_rows, unmet_rows, busy = out.burst_rows, out.unmet_rows, out.busy
     refused: dict[tuple[int, int, float], int] = {}
@@ -123,7 +124,7 @@ def absorb_quotas(order: Ordered, onprem: Bins, burst: Bins, admit: NodeAdmitter
                     # bins only fill and no start loosened admission.
                     key = (code, gpus, duration)
                     if refused.get(key) != admission.loosened:
-                        placed = place(gpus, allowed[code])
+                        placed = place_in(allowed[code], gpus) if gpus > 0 else None
                         if placed is None:
                             refused[key] = admission.loosened
                 else:  # within its quota: the plain best fit
