@@ -35,12 +35,14 @@ from orchestrator.store.accrual import AccrualNode
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
+from orchestrator.store.rawread import driver_rows, utc
 
 _LINE_UPSERTS: dict[str, Any] = {}  # dialect -> the upsert of cost lines on their line_key
 ONPREM_SUBJECT = "onprem:"  # prefix of the subjects (and marks) of on-prem work, + pool name
 _CHUNK = 500  # ids per IN (...) list: well inside every driver's parameter limit
 
 _c = T.cost_lines.c
+_STATES: dict[str, NodeState] = {s.value: s for s in NodeState}
 
 
 def _key(column: sa.ColumnElement[Any], missing: str = "") -> sa.ColumnElement[Any]:
@@ -148,7 +150,8 @@ class Ledger(StoreBase):
         query = (
             sa.select(n.id, n.policy, n.pool, n.provider, n.offering_key, n.instance_type,
                       n.market, n.gpus, n.price_usd_hour, n.project, n.state, n.state_since,
-                      m.final_through, reach.covered_us)
+                      m.final_through, reach.covered_us, reach.node_id, reach.launched_us,
+                      reach.ended_us)
             .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id)
                          .outerjoin(accrual.ledger_reach, reach.node_id == n.id))
             .where(sa.or_(n.state != NodeState.TERMINATED.value, m.final_through.is_(None),
@@ -158,17 +161,24 @@ class Ledger(StoreBase):
         if policies is not None:
             query = query.where(n.policy.in_(sorted(policies)))
         with self._read() as conn:
-            rows = conn.execute(query).all()
-            spans = _spans(conn, [r.id for r in rows])
+            # Straight through the driver (a tick reads every live node here), and the launch
+            # and end from the node's ledger_reach row, kept as its events are written; only a
+            # node without one (written around add_node) has its events grouped here.
+            rows = driver_rows(conn, query)
+            spans = _spans(conn, [r[0] for r in rows if r[14] is None])
         out = []
-        for r in rows:
-            launched, ended = spans.get(r.id, (None, None))
+        for (node_id, policy, pool, provider, offering_key, instance_type, market, gpus, price,
+             project, state, state_since, mark, covered, kept, launched_us, ended_us) in rows:
+            if kept is None:
+                launched, ended = spans.get(node_id, (None, None))
+            else:
+                launched, ended = accrual.from_us(launched_us), accrual.from_us(ended_us)
             out.append(LedgerNode(
-                node_id=r.id, policy=r.policy, pool=r.pool, provider=r.provider,
-                offering_key=r.offering_key, instance_type=r.instance_type, market=r.market,
-                gpus=r.gpus, price_usd_hour=r.price_usd_hour, project=r.project,
-                state=NodeState(r.state), state_since=r.state_since, launched=launched,
-                ended=ended, mark=r.final_through, reach=accrual.from_us(r.covered_us)))
+                node_id=node_id, policy=policy, pool=pool, provider=provider,
+                offering_key=offering_key, instance_type=instance_type, market=market,
+                gpus=gpus, price_usd_hour=price, project=project, state=_STATES[state],
+                state_since=utc(state_since), launched=launched, ended=ended, mark=utc(mark),
+                reach=accrual.from_us(covered)))
         return out
 
     def ledger_mark(self, subject: str) -> datetime | None:
