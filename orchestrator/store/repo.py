@@ -98,7 +98,8 @@ def _launched_for(raw: Any) -> tuple[str, ...]:
     return tuple(raw or ())
 
 
-def _node_from_driver(row: tuple[Any, ...]) -> Node:
+def _node_fields(row: tuple[Any, ...]) -> list[Any]:
+    """A driver's node row as the Node's field values (``Node(*values)`` makes the node)."""
     values = list(row)
     for i in _TIME_AT:
         values[i] = utc(values[i])
@@ -107,7 +108,11 @@ def _node_from_driver(row: tuple[Any, ...]) -> Node:
     values[_STATE_AT] = _STATES[values[_STATE_AT]]
     values[_MARKET_AT] = _MARKETS[values[_MARKET_AT]]
     values[_LAUNCHED_FOR_AT] = _launched_for(values[_LAUNCHED_FOR_AT])
-    return Node(*values)
+    return values
+
+
+def _node_from_driver(row: tuple[Any, ...]) -> Node:
+    return Node(*_node_fields(row))
 
 
 def _event_values(event: NodeEvent) -> dict[str, Any]:
@@ -209,6 +214,19 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
     ) -> list[Node]:
         """Nodes by creation order (the first ``limit`` of them, if given). Terminated nodes are
         left out unless ``include_terminated`` or ``states`` names TERMINATED explicitly."""
+        return [Node(*values) for values in
+                self.node_fields(policy, states, include_terminated, limit)]
+
+    def node_fields(
+        self,
+        policy: str | None = None,
+        states: Iterable[NodeState] | None = None,
+        include_terminated: bool = False,
+        limit: int | None = None,
+    ) -> list[list[Any]]:
+        """:meth:`nodes` as each node's field values in ``NODE_FIELDS`` order, not yet Nodes:
+        for a reader that changes a few of them first and makes each Node once (observe sets
+        what each node runs: a second frozen copy of 10,000 nodes cost more than reading them)."""
         c = T.nodes.c
         query = sa.select(*_NODE_COLUMNS).order_by(c.created_at, c.id)
         if policy is not None:
@@ -221,7 +239,7 @@ class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueRead
         if limit is not None:
             query = query.limit(int(limit))
         with self._read() as conn:
-            return [_node_from_driver(r) for r in driver_rows(conn, query)]
+            return [_node_fields(r) for r in driver_rows(conn, query)]
 
     def node_counts_by_offering(self, include_terminated: bool = False) -> list[NodeCount]:
         """Nodes and their GPUs per (pool, state, offering), by SQL ``GROUP BY``: the figures
