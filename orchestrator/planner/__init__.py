@@ -437,11 +437,12 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         return WaitSplit(unmet, (), (), boot=boot,
                          model=_model_name(policy, queue), margin=margin_td)
     early = unmet.where(~late)
-    if policy.trigger.wait_model is not WaitModel.NODES:  # the pooled model, on the columns
+    model = _model_name(policy, queue)
+    if model != "nodes":  # the pooled model (asked for, or standing in), on the columns
         split, early_due = split_pooled_view(early, onprem_absorbed, queue, policy, now, boot)
         due = late.copy()
         due[np.flatnonzero(~late)[early_due]] = True
-        return replace(split, due=unmet.where(due))
+        return replace(split, due=unmet.where(due), model=model)
     split = split_unmet(tuple(early), onprem_absorbed, queue, policy, now, boot, rules)
     due = late.copy()
     if split.due:  # the early due jobs are a subsequence of ``early``: matched in one walk

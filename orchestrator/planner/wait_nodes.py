@@ -68,15 +68,27 @@ class NodeSplit:
     records: list[dict] = field(default_factory=list)
 
 
+# The last answer of node_space_problem, with the two tuples it read: a plan asks it several
+# times of one queue (the margin, the split, the record), and it walks every release.
+_last_problem: list = [None, None, None]
+
+
 def node_space_problem(queue: PoolQueue) -> str | None:
     """Why the snapshot cannot give a node space (None: it can)."""
     per = queue.onprem.free_per_node
+    releases = queue.onprem_releases
+    if _last_problem[0] is per and _last_problem[1] is releases:
+        return _last_problem[2]
+    problem = None
     if not per:
-        return "the queue source reports no free GPUs per node"
-    for release in queue.onprem_releases:
-        if release.node is None or release.node >= len(per):
-            return "the queue source reports running jobs without their node"
-    return None
+        problem = "the queue source reports no free GPUs per node"
+    else:
+        for release in releases:
+            if release.node is None or release.node >= len(per):
+                problem = "the queue source reports running jobs without their node"
+                break
+    _last_problem[:] = [per, releases, problem]
+    return problem
 
 
 def _sizes(queue: PoolQueue) -> list[int]:
