@@ -318,3 +318,35 @@ def test_on_a_fabric_that_spans_nodes_a_wide_job_is_priced_as_its_launch_group()
     [record] = _wait(plan(snapshot, [policy], T0))["displaced"]
     # Two 8-GPU nodes for 2 hours: $128 (on the built-in queue no node holds it: None).
     assert (record["job"], record["for_cloud_cost_usd"]) == ("small", 128.0)
+
+
+def test_the_shipped_default_on_a_queue_without_nodes_decides_as_the_pooled_rule() -> None:
+    # The built-in queue reports no node per running job: the shipped default's node model,
+    # margin and displacement stand down, on the columns' fast path as on a tuple of jobs, and
+    # the plan is the pooled rule's, its record naming why.
+    from orchestrator.domain.pending import PendingColumns
+    from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy, load_policy_text
+    import yaml
+
+    shipped = load_policy(DEFAULT_POLICY_PATH)
+    assert shipped.trigger.wait_model.value == "nodes" and shipped.trigger.onprem_margin == M
+    doc = yaml.safe_load(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"))
+    for key in ("wait_model", "onprem_margin", "displacement"):
+        doc["trigger"].pop(key)
+    pooled = load_policy_text(yaml.safe_dump(doc), "pooled.yaml")
+    jobs = [make_job(f"j{i}", gpus=g, wait=w * M, duration_s=3600)
+            for i, (g, w) in enumerate([(4, 1), (2, 12), (4, 25), (1, 3), (8, 40)])]
+    snapshot = make_snapshot(jobs, onprem_free=(), onprem_total=8, taken_at=T0)
+    queue = snapshot.queues[POOL]
+    snapshot = dataclasses.replace(snapshot, queues={POOL: dataclasses.replace(
+        queue, onprem_releases=(OnPremRelease(4, T0 + 26 * M), OnPremRelease(4, T0 + 50 * M)))})
+    as_columns = dataclasses.replace(snapshot, queues={POOL: dataclasses.replace(
+        snapshot.queues[POOL], pending=PendingColumns.from_jobs(jobs, POOL))})
+    for snap in (snapshot, as_columns):
+        ours, theirs = plan(snap, [shipped], T0), plan(snap, [pooled], T0)
+        wait, base = _wait(ours), _wait(theirs)
+        assert wait.pop("onprem_model").startswith("pooled (")
+        assert wait.pop("onprem_margin_s") is None
+        assert (wait.pop("displaced_jobs"), wait.pop("displaced")) == (0, [])
+        assert wait == base
+        assert [a.offering.key for a in ours.launches] == [a.offering.key for a in theirs.launches]
