@@ -30,7 +30,7 @@ import resource
 import time
 
 from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
-from orchestrator.sim import SimOptions, Trace, load_trace
+from orchestrator.sim import SimOptions, load_trace
 from orchestrator.sim.controllers import NeverController, PolicyController
 from orchestrator.sim.replay import as_simulated, run_controlled, size_onprem
 
@@ -57,10 +57,7 @@ def main() -> None:
     began = time.perf_counter()
     trace = load_trace(args.trace)
     if args.days is not None:
-        start = trace.jobs[0].submit_s
-        trace = Trace(f"{trace.name}[{args.days:g}d]",
-                      tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400),
-                      trace.source)
+        trace = trace.first_days(args.days)
     load_s = time.perf_counter() - began
     policy = load_policy(args.policy)
     options = SimOptions(seed=args.seed, node_gpus=args.node_gpus)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from orchestrator.policy import load_policy
-from orchestrator.sim import SimOptions, Trace, load_trace, simulate
+from orchestrator.sim import SimOptions, load_trace, simulate
 from orchestrator.sim.world import Backfill
 
 HERE = Path(__file__).resolve().parent
@@ -35,10 +35,7 @@ def main() -> None:
 
     trace = load_trace(args.trace)
     if args.days is not None:
-        start = trace.jobs[0].submit_s
-        trace = Trace(f"{trace.name}[{args.days:g}d]",
-                      tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400),
-                      trace.source)
+        trace = trace.first_days(args.days)
     policy = load_policy(Path(args.policy))
     runs = [(policy.name, policy)]
     base = dict(slo_s=1800.0, node_gpus=8, onprem="p70", tick_s=60.0, backfill=Backfill.EASY)

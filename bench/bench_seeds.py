@@ -60,10 +60,7 @@ def main() -> None:
     seeds = args.seeds
     trace = load_trace(args.trace)
     if args.days is not None:
-        start = trace.jobs[0].submit_s
-        trace = Trace(f"{trace.name}[{args.days:g}d]",
-                      tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400),
-                      trace.source)
+        trace = trace.first_days(args.days)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
     rows: dict[str, list[dict]] = {}

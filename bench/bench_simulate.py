@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
-from orchestrator.sim import SimOptions, Trace, load_trace, simulate
+from orchestrator.sim import SimOptions, load_trace, simulate
 from orchestrator.sim.clairvoyant import clairvoyant_on_nodes
 from orchestrator.sim.replay import as_simulated, run_controlled, size_onprem
 from orchestrator.sim.world import Backfill
@@ -61,9 +61,7 @@ def main() -> None:
     trace = load_trace(args.trace)
     load_s = time.perf_counter() - began
     if args.days is not None:
-        start = trace.jobs[0].submit_s
-        trace = Trace(f"{trace.name}[{args.days:g}d]",
-                      tuple(j for j in trace.jobs if j.submit_s < start + args.days * 86400), trace.source)
+        trace = trace.first_days(args.days)
     chosen = POLICIES if not args.policy else [tuple(p.split("=", 1)) for p in args.policy]
     policies = [(name, load_policy(path)) for name, path in chosen]
     options = SimOptions(slo_s=args.slo, node_gpus=args.node_gpus, onprem="p70", tick_s=60.0,

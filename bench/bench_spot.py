@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from orchestrator.policy import load_policy
-from orchestrator.sim import SimOptions, Trace, load_trace
+from orchestrator.sim import SimOptions, load_trace
 from orchestrator.sim.controllers import GreedyController, PolicyController
 from orchestrator.sim.replay import as_simulated, run_controlled, size_onprem
 
@@ -50,9 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     trace = load_trace(args.trace)
     if args.days is not None:
-        first = trace.jobs[0].submit_s
-        trace = Trace(f"{trace.name}[{args.days:g}d]", tuple(
-            j for j in trace.jobs if j.submit_s < first + args.days * 86400), trace.source)
+        trace = trace.first_days(args.days)
     options = SimOptions(seed=args.seed, slo_s=args.slo, spot_data=True)
     policies = {name: load_policy(HERE / "policies" / f"{name}.yaml") for name in RUNS}
     reference = policies["itp-ondemand"]

@@ -85,6 +85,15 @@ class Trace:
             return 0.0
         return max(j.submit_s + j.duration_s for j in self.jobs) - self.jobs[0].submit_s
 
+    def first_days(self, days: float) -> Trace:
+        """The jobs submitted within ``days`` of the first submit (the benches' ``--days``),
+        named ``name[Nd]``."""
+        if not self.jobs:
+            return self
+        end = self.jobs[0].submit_s + days * 86400
+        return Trace(f"{self.name}[{days:g}d]", tuple(j for j in self.jobs if j.submit_s < end),
+                     self.source)
+
 
 def _sorted(jobs: list[TraceJob]) -> tuple[TraceJob, ...]:
     return tuple(sorted(jobs, key=lambda j: j.submit_s))  # stable: file order breaks ties

@@ -118,3 +118,14 @@ def test_named_traces_load_through_the_trace_directory(monkeypatch):
     monkeypatch.setenv("BURST_TRACE_DIR", str(DATA))
     assert load_trace("philly").name == "philly"
     assert len(load_trace("alibaba").jobs) == len(load_alibaba(DATA / ALIBABA_DIR).jobs)
+
+
+def test_first_days_keeps_the_jobs_submitted_within_them() -> None:
+    from orchestrator.sim.traces import Trace, TraceJob
+
+    jobs = tuple(TraceJob(f"j{i}", 100.0 + i * 43200.0, 60.0, 1) for i in range(5))  # every 12 h
+    trace = Trace("t", jobs, "test")
+    head = trace.first_days(1)
+    assert head.name == "t[1d]" and [j.job_id for j in head.jobs] == ["j0", "j1"]
+    assert trace.first_days(0.5).jobs == jobs[:1]
+    assert Trace("e", (), "test").first_days(2).jobs == ()
