@@ -933,7 +933,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, HttpError(400, "parseError", "Parse Error").body())
             return
         if self.fake.wait_delay_s and parts.path.endswith("/wait"):
-            time.sleep(self.fake.wait_delay_s)  # outside the fake's lock: others are served
+            # Outside the fake's lock, so others are served; in short naps, so that a test
+            # setting wait_delay_s back to 0 frees a blocked wait at once.
+            until = time.monotonic() + self.fake.wait_delay_s
+            while self.fake.wait_delay_s and time.monotonic() < until:
+                time.sleep(0.05)
+            if not self.fake.wait_delay_s:
+                self.close_connection = True  # freed by the test: its client is long gone
+                return
         status, out, _ = self.fake.handle(
             self.command, parts.path, query, body, self.headers.get("Authorization")
         )
