@@ -10,7 +10,9 @@ those facts, written in the transactions that change them:
   (:func:`on_add`); a state change (``_save_transition_in``) records the first ``launching`` and
   ``terminated`` times and when the node was confirmed terminated (:func:`on_event`);
 * :meth:`~orchestrator.store.ledger.Ledger.write_ledger` records the subject's mark and how far
-  its lines reach past it (:func:`on_lines`);
+  its lines reach past it (:func:`on_lines`), and the batched writer
+  (:mod:`orchestrator.store.ledger_batch`) the same for all the nodes it writes at once
+  (:func:`on_lines_many`);
 * a row goes once its node is terminated and its mark reaches the termination: the ledger is
   final for it, it accrues nothing more (the roll-up's own rule for a node to roll up);
 * :func:`rebuild` derives every row from nodes, events, marks and lines (migrations 0019-0020 on
@@ -28,7 +30,7 @@ at different instants) read one group each, as many rows as before but no per-no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +42,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
+from orchestrator.store.keysets import among
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -170,6 +173,44 @@ def on_lines(conn: Connection, subject: str) -> None:
     _prune(conn, subject)
 
 
+def on_lines_many(conn: Connection, subjects: Collection[str]) -> None:
+    """:func:`on_lines` for every one of ``subjects`` (nodes whose marks and lines just changed,
+    in ``conn``'s transaction), in a constant number of statements whatever their number: one
+    read of their marks, one grouped read of how far their lines past the mark reach, two
+    ``UPDATE`` statements run once per node by the driver (``executemany``), one prune."""
+    if not subjects:
+        return
+    dialect = conn.dialect.name
+    m, c = T.ledger_marks.c, T.cost_lines.c
+    marks = dict(conn.execute(sa.select(m.subject, m.final_through)
+                              .where(among(dialect, m.subject, subjects))).all())
+    reaches = dict(conn.execute(
+        sa.select(c.subject, sa.type_coerce(sa.func.max(c.period_end), T.UtcDateTime()))
+        .select_from(T.cost_lines.outerjoin(T.ledger_marks, m.subject == c.subject))
+        .where(among(dialect, c.subject, subjects),
+               sa.or_(m.final_through.is_(None), c.period_start >= m.final_through))
+        .group_by(c.subject)).all())
+    billed, bare = [], []
+    for subject in sorted(subjects):
+        mark, reach = marks.get(subject), reaches.get(subject)
+        covered = reach if mark is None else (mark if reach is None or reach < mark else reach)
+        if covered is None:
+            bare.append({"b_node": subject})
+        else:
+            billed.append({"b_node": subject, "b_mark": _us(mark), "b_covered": _us(covered)})
+    if billed:
+        covered_us = sa.bindparam("b_covered", type_=sa.BigInteger())
+        conn.execute(sa.update(ledger_reach).where(_r.node_id == sa.bindparam("b_node")).values(
+            mark_us=sa.bindparam("b_mark", type_=sa.BigInteger()), covered_us=covered_us,
+            billed=True, start_us=sa.case((_r.launched_us.is_(None), None), else_=covered_us)),
+            billed)
+    if bare:
+        conn.execute(sa.update(ledger_reach).where(_r.node_id == sa.bindparam("b_node")).values(
+            mark_us=None, covered_us=None, billed=False, start_us=_r.launched_us), bare)
+    conn.execute(sa.delete(ledger_reach).where(among(dialect, _r.node_id, subjects),
+                                               sa.not_(_OPEN)))
+
+
 def _prune(conn: Connection, node_id: str) -> None:
     conn.execute(sa.delete(ledger_reach).where(_r.node_id == node_id, sa.not_(_OPEN)))
 
@@ -214,11 +255,12 @@ def derive(conn: Connection) -> Iterable[dict[str, Any]]:
             continue  # final through its end
         covered = reach if mark is None else (mark if reach is None or reach < mark else reach)
         launched, ended = spans.get(r.id, (None, None))
-        yield dict(node_id=r.id, pool=r.pool, project=r.project, price_usd_hour=r.price_usd_hour,
-                   launched_us=_us(launched), ended_us=_us(ended), terminated_us=_us(terminated),
-                   mark_us=_us(mark), covered_us=_us(covered),
-                   start_us=None if launched is None else _us(covered or launched),
-                   billed=covered is not None, live=terminated is None)
+        yield {"node_id": r.id, "pool": r.pool, "project": r.project,
+               "price_usd_hour": r.price_usd_hour, "launched_us": _us(launched),
+               "ended_us": _us(ended), "terminated_us": _us(terminated), "mark_us": _us(mark),
+               "covered_us": _us(covered),
+               "start_us": None if launched is None else _us(covered or launched),
+               "billed": covered is not None, "live": terminated is None}
 
 
 # -- reads -------------------------------------------------------------------------------------------
@@ -301,4 +343,4 @@ class Accrual(StoreBase):
 
 
 __all__ = ["Accrual", "AccrualNode", "CommitNode", "derive", "epoch_us", "from_us", "ledger_reach",
-           "on_add", "on_event", "on_lines", "rebuild"]
+           "on_add", "on_event", "on_lines", "on_lines_many", "rebuild"]

@@ -31,8 +31,8 @@ from orchestrator.domain.costs import NO_PROJECT, NONE, CostKind, CostLine, JobU
 from orchestrator.domain.jobs import Placement
 from orchestrator.domain.nodes import NodeState
 from orchestrator.store import accrual, rollups
-from orchestrator.store.accrual import AccrualNode
 from orchestrator.store import tables as T
+from orchestrator.store.accrual import AccrualNode
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
 from orchestrator.store.rawread import driver_rows, utc
@@ -115,14 +115,30 @@ class CostSums:
     lines: int
 
 
-def _line_values(line: CostLine) -> dict[str, Any]:
+def line_upsert(dialect: str, insert: Any) -> Any:
+    """The upsert of cost lines on their ``line_key`` (``insert``: the store's dialect insert),
+    built once per dialect: its SET clause cost more CPU than running it."""
+    stmt = _LINE_UPSERTS.get(dialect)
+    if stmt is None:
+        stmt = insert(T.cost_lines)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["line_key"],
+            set_={name: stmt.excluded[name] for name in (*_LINE_FIELDS, "day", "rolled_at")
+                  if name != "line_key"})
+        _LINE_UPSERTS[dialect] = stmt
+    return stmt
+
+
+def line_values(line: CostLine) -> dict[str, Any]:
+    """A line's column values (``rolled_at`` aside)."""
     values = {name: getattr(line, name) for name in _LINE_FIELDS}
     values["kind"] = CostKind(line.kind).value
     values["day"] = line.day
     return values
 
 
-def _line_from_row(row: sa.Row[Any]) -> CostLine:
+def line_from_row(row: sa.Row[Any]) -> CostLine:
+    """The line of a ``cost_lines`` row."""
     m = row._mapping
     values = {name: m[name] for name in _LINE_FIELDS}
     values["kind"] = CostKind(values["kind"])
@@ -236,7 +252,7 @@ class Ledger(StoreBase):
         if since is not None:
             query = query.where(_c.period_start >= require_aware(since, "since"))
         with self._read() as conn:
-            return [_line_from_row(r) for r in conn.execute(query)]
+            return [line_from_row(r) for r in conn.execute(query)]
 
     def write_ledger(self, subject: str, lines: Sequence[CostLine], *, since: datetime,
                      mark: datetime | None, at: datetime) -> tuple[int, int]:
@@ -280,17 +296,8 @@ class Ledger(StoreBase):
             for chunk in _chunks(sorted(stale)):
                 conn.execute(sa.delete(T.cost_lines).where(_c.line_key.in_(chunk)))
             if changed:
-                stmt = _LINE_UPSERTS.get(self.dialect)
-                if stmt is None:  # built once: its SET clause cost more CPU than running it
-                    stmt = self._insert(T.cost_lines)
-                    stmt = stmt.on_conflict_do_update(
-                        index_elements=["line_key"],
-                        set_={name: stmt.excluded[name] for name in (*_LINE_FIELDS, "day",
-                                                                     "rolled_at")
-                              if name != "line_key"})
-                    _LINE_UPSERTS[self.dialect] = stmt
-                rows = [{**_line_values(wanted[key]), "rolled_at": at} for key in sorted(changed)]
-                conn.execute(stmt, rows)
+                rows = [{**line_values(wanted[key]), "rolled_at": at} for key in sorted(changed)]
+                conn.execute(line_upsert(self.dialect, self._insert), rows)
             rollups.apply_changes(
                 conn, self._insert, [have[k] for k in sorted(stale | (changed & set(have)))],
                 [wanted[k] for k in sorted(changed)])
@@ -476,7 +483,7 @@ def _diff(conn: Connection, subject: str, since: datetime, wanted: dict[str, Cos
     mark?, the lines as they are now), or None for nothing."""
     rows = conn.execute(sa.select(T.cost_lines).where(_c.subject == subject,
                                                       _c.period_start >= since)).all()
-    have = {r.line_key: _line_from_row(r) for r in rows}
+    have = {r.line_key: line_from_row(r) for r in rows}
     stale = set(have) - set(wanted)
     changed = {key for key, line in wanted.items() if have.get(key) != line}
     current = conn.execute(sa.select(T.ledger_marks.c.final_through)

@@ -25,8 +25,8 @@ from orchestrator.store import accrual
 from orchestrator.store import tables as T
 from orchestrator.store.accrual import Accrual
 from orchestrator.store.base import require_aware
+from orchestrator.store.bulk import BulkSubmit
 from orchestrator.store.burstwaits import BurstWaits, record_predictions
-from orchestrator.store.usage_reads import UsageReads
 from orchestrator.store.codec import (
     decision_fingerprint,
     decision_from_json,
@@ -34,23 +34,24 @@ from orchestrator.store.codec import (
     to_jsonable,
 )
 from orchestrator.store.engine import default_sqlite_url
-from orchestrator.store.bulk import BulkSubmit
 from orchestrator.store.fencing import Fencing
 from orchestrator.store.jobqueue import JobQueue
 from orchestrator.store.jobruns import JobRuns
 from orchestrator.store.joins import JoinSecrets
 from orchestrator.store.leases import Leases
 from orchestrator.store.ledger import Ledger
+from orchestrator.store.ledger_batch import LedgerBatch
 from orchestrator.store.notices import Notices
 from orchestrator.store.placement import PlacementGroups
 from orchestrator.store.pools import PoolControls
+from orchestrator.store.presence import Presence
 from orchestrator.store.queueread import QueueReads
 from orchestrator.store.rawread import driver_rows, utc
-from orchestrator.store.presence import Presence
 from orchestrator.store.slots import FabricSlots
 from orchestrator.store.telemetry import Telemetry
 from orchestrator.store.tokens import ApiTokens
 from orchestrator.store.usage import Utilisation
+from orchestrator.store.usage_reads import UsageReads
 
 # default_sqlite_url lives in engine.py, which env.py uses without the repository; it is
 # re-exported here beside Store.
@@ -169,8 +170,8 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 
 class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
-            PoolControls, Ledger, Accrual, ApiTokens, Telemetry, FabricSlots, Leases, Presence,
-            Utilisation, Notices, PlacementGroups, Fencing):
+            PoolControls, Ledger, LedgerBatch, Accrual, ApiTokens, Telemetry, FabricSlots, Leases,
+            Presence, Utilisation, Notices, PlacementGroups, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

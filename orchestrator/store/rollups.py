@@ -14,8 +14,10 @@ A line therefore reaches the roll-ups exactly when it reaches ``cost_lines``: a 
 crashes rolls them all back, a retry that finds nothing changed writes nothing to either, and no
 later task can count a line twice or miss one. (A separate roll-up task would need its own
 mark per line version, and would lag the lines the budgets read.) Two writers of one subject are
-serialised (SQLite's write lock; a transaction-scoped advisory lock per subject on PostgreSQL)
-so the old versions a writer subtracts are the ones it replaces. Increments of a shared group
+serialised (SQLite's write lock; on PostgreSQL a transaction-scoped advisory lock per stripe of
+subjects, :func:`lock_subjects`) so the old versions a writer subtracts are the ones it replaces.
+The batched writer (:mod:`orchestrator.store.ledger_batch`) calls :func:`apply_changes` once for
+every subject it writes. Increments of a shared group
 are ``INSERT ... ON CONFLICT DO UPDATE SET x = x + excluded.x``, atomic on both databases, in
 key order (no deadlock between writers of different subjects).
 
@@ -81,13 +83,35 @@ def _group(line: CostLine) -> tuple[str, ...]:
     return (line.project or _NONE, line.user or _NONE, line.provider, line.pool, line.policy)
 
 
+STRIPES = 64  # advisory locks the subjects are spread over (PostgreSQL)
+_STRIPE_KEYS = [int.from_bytes(hashlib.sha256(b"cost-lines-stripe:%d" % i).digest()[:8], "big",
+                               signed=True) for i in range(STRIPES)]
+
+
+def stripe(subject: str) -> int:
+    """Which of the :data:`STRIPES` locks serialises the writers of ``subject``."""
+    return int.from_bytes(hashlib.sha256(subject.encode()).digest()[:8], "big") % STRIPES
+
+
 def lock_subject(conn: Connection, subject: str) -> None:
     """Serialise writers of one subject on PostgreSQL until the transaction ends (SQLite's write
     transaction is serialised already)."""
+    lock_subjects(conn, (subject,))
+
+
+def lock_subjects(conn: Connection, subjects: Iterable[str]) -> None:
+    """Serialise writers of ``subjects`` on PostgreSQL until the transaction ends: a
+    transaction-scoped advisory lock per stripe of them (at most :data:`STRIPES`, whatever their
+    number: a lock per subject would overflow the server's lock table at 10,000 nodes), taken in
+    stripe order by one statement (the locks of a sorted array, unnested in its order), so a
+    batch of every node and a writer of one never deadlock. Writers of two subjects of one
+    stripe wait for each other; nothing else does."""
     if conn.dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.sha256(b"cost-lines:" + subject.encode()).digest()[:8],
-                             "big", signed=True)
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        keys = [_STRIPE_KEYS[i] for i in sorted({stripe(s) for s in subjects})]
+        conn.execute(_LOCK_STRIPES, {"keys": keys})
+
+
+_LOCK_STRIPES = sa.text("SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k")
 
 
 def apply_changes(conn: Connection, insert: Any, removed: Iterable[CostLine],
@@ -366,4 +390,4 @@ def _key(name: str, value: Any) -> str | None:
 
 
 __all__ = ["ROLLUP_KEYS", "SUMS", "Level", "Part", "apply_changes", "cover", "line_sums",
-           "lock_subject", "rebuild", "rollup_sums"]
+           "lock_subject", "lock_subjects", "rebuild", "rollup_sums", "stripe"]
