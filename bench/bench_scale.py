@@ -43,9 +43,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -59,7 +59,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_report  # noqa: E402
 from bench_api_load import Route, _free_port, _quantile, _run, _wait_ready  # noqa: E402
 
-from orchestrator.domain import Node, NodeState  # noqa: E402
+from orchestrator.costs.ledger import SETTLE, RollupResult  # noqa: E402
+from orchestrator.domain import NodeState  # noqa: E402
 from orchestrator.domain.offerings import Offering  # noqa: E402
 from orchestrator.planner import demand, plan  # noqa: E402
 from orchestrator.policy import Market, load_policy_text  # noqa: E402
@@ -186,6 +187,42 @@ def cpu(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return statistics.median(samples), min(samples)
 
 
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One call's CPU and wall seconds and what the roll-up it timed did."""
+
+    cpu: float
+    wall: float
+    result: RollupResult | None
+
+    def __str__(self) -> str:
+        done = self.result
+        what = "failed" if done is None else (
+            f"{done.nodes:,} nodes, {done.lines_written:,} lines written, "
+            f"{done.lines_deleted:,} deleted")
+        return f"{self.cpu * 1000:,.0f} ms CPU, {self.wall * 1000:,.0f} ms wall ({what})"
+
+
+def cpu_result(fn: Callable[[], RollupResult | None]) -> Timed:
+    """CPU and wall seconds of one call of ``fn``, with its roll-up's result."""
+    gc.collect()
+    began, wall = time.process_time(), time.perf_counter()
+    result = fn()
+    return Timed(time.process_time() - began, time.perf_counter() - wall, result)
+
+
+def ledger_rows_floor(store: Store) -> Callable[[], list]:
+    """The plain SELECT of every column of the lines in the buckets from NOW on (the open
+    buckets the last two roll-ups read and rewrote), through the driver, fetched whole."""
+    sql = sa.select(T.cost_lines).where(T.cost_lines.c.period_start >= NOW)
+
+    def read() -> list:
+        with store.engine.connect() as conn:
+            return list(conn.exec_driver_sql(str(sql.compile(
+                dialect=conn.dialect, compile_kwargs={"literal_binds": True}))))
+    return read
+
+
 def read_floor(store: Store) -> Callable[[], object]:
     """The plain SELECT of the pending jobs' columns, through the driver, fetched whole."""
     from orchestrator.store.queueread import PENDING_COLUMNS
@@ -234,8 +271,11 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
             clock_at[0] += TICK
             return planning_pass(rt, [policy], clock_at[0], rt.executor.execute)
 
-        # The first pass starts what fits on-prem, launches, writes its decision, and rolls up
-        # every node for the first time (NOW is on the hour: its bucket opens here).
+        # Every node's first roll-up, as the first tick's (NOW is on the hour: its bucket opens
+        # here), on its own; then the first pass starts what fits on-prem, launches and writes
+        # its decision.
+        clock_at[0] += TICK
+        first_rollup = cpu_result(lambda: roll_up_costs(rt, clock_at[0], skip_fresh=True))
         first, _ = cpu(tick, 1)
         began = time.perf_counter()
         tick_med, tick_min = cpu(tick, args.tick_repeat)
@@ -246,6 +286,13 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
             return roll_up_costs(rt, clock_at[0], skip_fresh=True)
 
         rollup_med, _ = cpu(rollup, 1)
+        # The two ticks an hour that roll every live node up: the one its mark moves (SETTLE
+        # after the hour: the last bucket becomes final) and the one a new hour bucket opens.
+        clock_at[0] = NOW + SETTLE + TICK
+        mark_tick = cpu_result(lambda: roll_up_costs(rt, clock_at[0], skip_fresh=True))
+        clock_at[0] = NOW + timedelta(hours=1) + TICK
+        hour_tick = cpu_result(lambda: roll_up_costs(rt, clock_at[0], skip_fresh=True))
+        ledger_floor = cpu(ledger_rows_floor(store), args.repeat)[0]
         dispatch_med, _ = cpu(lambda: rt.queue.dispatch(NOW), args.repeat)
         read = store.queue_read(NOW)
         read_med, _ = cpu(lambda: store.queue_read(NOW), args.repeat)
@@ -262,7 +309,8 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
               f"(SELECT of {n:,} rows: {floor_med * 1000:.0f} ms CPU, min {floor_min * 1000:.0f})")
         print(f"  one read of the queue            {read_med / n * 1e6:8.2f} µs/job "
               f"({read_med / floor_med:.1f}x the floor)")
-        print(f"  first planning pass (every node's first roll-up) {first * 1000:,.0f} ms CPU")
+        print(f"  first roll-up of every node      {first_rollup}")
+        print(f"  first planning pass (after it)   {first * 1000:,.0f} ms CPU")
         print(f"  planning pass (tick)             {tick_med / n * 1e6:8.2f} µs/job "
               f"({tick_med * 1000:.0f} ms CPU, min {tick_min * 1000:.0f}; "
               f"{tick_wall * 1000:.0f} ms wall a pass; {tick_med / floor_med:.1f}x the floor)")
@@ -271,6 +319,13 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
               f"dispatch with the one read {dispatch_med * 1000:.0f} ms, plan() below; without "
               f"the roll-up {(tick_med - rollup_med) / n * 1e6:.2f} µs/job "
               f"({(tick_med - rollup_med) / floor_med:.1f}x the floor)")
+        lines_now = ledger_rows_floor(store)()
+        print(f"  the tick its mark moves (every node) {mark_tick}")
+        print(f"  the tick an hour bucket opens (every node) {hour_tick}")
+        print(f"    floor: plain SELECT of the ledger rows of the open buckets ({len(lines_now):,} "
+              f"lines, every column, through the driver) {ledger_floor * 1000:.0f} ms CPU; "
+              f"mark tick {mark_tick.cpu / ledger_floor:.1f}x, hour tick "
+              f"{hour_tick.cpu / ledger_floor:.1f}x the floor")
         print(f"  plan() cold / warm               {cold_med * 1000:8.0f} / {warm_med * 1000:.0f} ms "
               f"CPU (min {cold_min * 1000:.0f} / {warm_min * 1000:.0f})"
               + (f"; floor: one numpy.argsort of the submit times {sort_floor * 1000:.1f} ms"
