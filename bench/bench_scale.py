@@ -13,9 +13,13 @@ full of work, and ``--lines`` cost lines over 90 days (bench_report's spread). T
 
 * the tick's planning pass (``orchestrator.tick.planning_pass`` with the real executor over the
   sim provider: on-prem dispatch, cost roll-up, observe, plan, act; each pass 10 s after the one
-  before, the first rolling up every node) in CPU time, and its CPU per
+  before, after every node's first roll-up) in CPU time, and its CPU per
   pending job, next to the floor of reading a pending row (the plain ``SELECT`` of the pending
   jobs' columns through the driver, fetched whole);
+* the cost roll-ups that write every live node (CPU and wall, what each wrote): every node's
+  first roll-up (the first tick's), the tick its mark moves (``SETTLE`` after the hour) and the
+  tick a new hour bucket opens, next to the plain ``SELECT`` of every column of the open
+  buckets' lines through the driver (what those ticks read and rewrite);
 * ``plan()`` on the observed snapshot, cold (order memo cleared) and warm, next to one
   ``numpy.argsort`` of the submit times;
 * ``burst status --json`` and ``burst submit --count 10000`` as processes (wall and CPU), next to
