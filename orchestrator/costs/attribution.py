@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 
 from orchestrator.domain.costs import (
     NO_PROJECT,
@@ -73,9 +74,11 @@ def billed_micros(rule: BillingRule, lived_us: int) -> int:
     return billed
 
 
+@lru_cache(maxsize=4096, typed=True)  # typed: a float and an equal Decimal differ here
 def rate(usd: float | Decimal | str | None) -> Fraction:
     """An hourly price as an exact fraction (a float goes through its shortest decimal text, so
-    10.35 is 10.35, not the binary value nearest to it)."""
+    10.35 is 10.35, not the binary value nearest to it). Kept per price: a roll-up asks it for
+    every bucket of every node, of a few prices."""
     if usd is None:
         return Fraction(0)
     value = Fraction(Decimal(str(usd)) if isinstance(usd, float) else Decimal(usd))
@@ -85,8 +88,13 @@ def rate(usd: float | Decimal | str | None) -> Fraction:
 
 
 def usd_micros(usd_hour: Fraction, duration_us: int) -> int:
-    """Micro-dollars of ``duration_us`` microseconds at ``usd_hour`` USD per hour, half to even."""
-    return round(usd_hour * duration_us / 3600)
+    """Micro-dollars of ``duration_us`` microseconds at ``usd_hour`` USD per hour, half to even:
+    ``round(usd_hour * duration_us / 3600)``, in integers (no ``Fraction`` made and reduced per
+    call: a roll-up of 10,000 nodes makes 60,000 of these)."""
+    whole = usd_hour.denominator * 3600
+    floor, rest = divmod(usd_hour.numerator * duration_us, whole)
+    twice = 2 * rest
+    return floor + 1 if twice > whole or (twice == whole and floor & 1) else floor
 
 
 def largest_remainder(total: int, weights: Sequence[int]) -> list[int]:

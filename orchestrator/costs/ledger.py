@@ -112,7 +112,8 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     require_aware(now, "now")
     loaded = list(policies.values() if isinstance(policies, Mapping) else policies)
     rates = onprem_rates(loaded)
-    by_name = {p.name: p for p in loaded}
+    # Policies whose jobs move data (egress lines), worked out once, not once per node.
+    movers = {p.name: p for p in loaded if _moves_data(p)}
     billing = billing or {}
     nodes = pools = written = deleted = 0
     skipped: list[str] = []
@@ -135,7 +136,7 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
             continue
         try:
             write = _node_write(node, usages.get(node.node_id, []), rates, billing, now,
-                                settle, by_name.get(node.policy))
+                                settle, movers.get(node.policy))
         except ValueError as exc:
             # Bad data in one node (a negative price) must not stop the ledger of every other.
             log.warning("cost roll-up skipped node %s: %s", node.node_id, exc)
@@ -203,8 +204,9 @@ def _only_clock_moved(node: LedgerNode, jobs: Iterable[JobUsage], now: datetime,
 
 def _node_write(node: LedgerNode, jobs: list[JobUsage],
                 rates: Mapping[str, tuple[str, Decimal]], billing: Mapping[str, BillingRule],
-                now: datetime, settle: timedelta, policy: Policy | None = None) -> LedgerWrite:
-    """What rolling ``node`` up at ``now`` writes: its lines from its mark on, and its mark."""
+                now: datetime, settle: timedelta, movers: Policy | None = None) -> LedgerWrite:
+    """What rolling ``node`` up at ``now`` writes: its lines from its mark on, and its mark.
+    ``movers``: the node's policy if its jobs move data (egress lines), else None."""
     assert node.launched is not None
     if node.ended is None and node.state.is_terminal:
         node = replace(node, ended=node.state_since)  # terminated without its event: trust the row
@@ -220,8 +222,8 @@ def _node_write(node: LedgerNode, jobs: list[JobUsage],
         # The ledger is final past its end already: only the mark may have to catch up.
         return LedgerWrite(node.node_id, (), since=start, mark=final)
     lines = node_lines(billed, jobs, start=start, until=until, final_through=final)
-    if policy is not None and _moves_data(policy):
-        lines += egress_lines(billed, jobs, policy.storage_for, start=start, until=until,
+    if movers is not None:
+        lines += egress_lines(billed, jobs, movers.storage_for, start=start, until=until,
                               final_through=final)
     return LedgerWrite(node.node_id, lines, since=node.mark or _EPOCH,
                        mark=final if final > start else None)

@@ -30,6 +30,7 @@ from orchestrator.costs.attribution import (
     node_lines,
     onprem_lines,
     rate,
+    usd_micros,
 )
 from orchestrator.domain.costs import CostKind, JobUsage
 from orchestrator.domain.offerings import BillingRule
@@ -85,6 +86,23 @@ def test_prices_are_exact_decimals_and_never_negative() -> None:
     assert rate(Decimal("0.1")) == Fraction(1, 10)
     with pytest.raises(ValueError, match="negative"):
         node(price=-1.0)
+
+
+def test_a_price_kept_per_type_is_still_exact() -> None:
+    # 0.1 as a float and the Decimal of its exact binary value are equal, and hash alike: the
+    # kept rates must not hand one the other's fraction.
+    assert rate(0.1) == Fraction(1, 10)
+    assert rate(Decimal(0.1)) == Fraction(Decimal(0.1)) != Fraction(1, 10)
+    assert rate(0.1) == Fraction(1, 10)
+
+
+@given(price=st.fractions(min_value=0, max_value=1000, max_denominator=10**6),
+       duration=st.integers(-10**13, 10**13))
+def test_micro_dollars_in_integers_round_half_to_even_as_fractions_do(price: Fraction,
+                                                                      duration: int) -> None:
+    assert usd_micros(price, duration) == round(price * duration / 3600)
+    # Exactly half a micro-dollar: to the even one.
+    assert usd_micros(Fraction(1, 1), 1800) == 0 and usd_micros(Fraction(1, 1), 5400) == 2
 
 
 def test_largest_remainder() -> None:
