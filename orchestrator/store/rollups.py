@@ -119,21 +119,25 @@ def apply_changes(conn: Connection, insert: Any, removed: Iterable[CostLine],
     """Add ``added`` and take away ``removed`` (old versions of lines deleted or rewritten) in
     both roll-ups, in ``conn``'s transaction. ``insert``: the store's dialect insert."""
     hours: dict[tuple[Any, ...], Sums] = {}
-    days: dict[tuple[Any, ...], Sums] = {}
-    months: dict[tuple[Any, ...], Sums] = {}
     for lines, sign in ((removed, -1), (added, 1)):
         for line in lines:
-            delta = line_sums(line, sign)
-            group = _group(line)
-            day = line.day
-            for table, key in ((hours, (line.period_start, day, *group)),
-                               (days, (day, *group)), (months, (day[:7], *group))):
-                have = table.get(key)
-                table[key] = delta if have is None else [a + b for a, b in zip(have, delta,
-                                                                              strict=True)]
+            _add(hours, (line.period_start, line.day, *_group(line)), line_sums(line, sign))
+    # A day's and a month's differences are their hours' (an hour lies in one day and month):
+    # summed from the hours, not once more per line (a batch of 10,000 nodes changes 40,000).
+    days: dict[tuple[Any, ...], Sums] = {}
+    months: dict[tuple[Any, ...], Sums] = {}
+    for (_, day, *group), sums in hours.items():
+        _add(days, (day, *group), sums)
+        _add(months, (day[:7], *group), sums)
     _upsert(conn, insert, T.cost_rollup_hours, ("period_start", "day", *_GROUP), hours)
     _upsert(conn, insert, T.cost_rollup_days, ("day", *_GROUP), days)
     _upsert(conn, insert, T.cost_rollup_months, ("month", *_GROUP), months)
+
+
+def _add(table: dict[tuple[Any, ...], Sums], key: tuple[Any, ...], delta: Sums) -> None:
+    have = table.get(key)
+    table[key] = list(delta) if have is None else [a + b for a, b in zip(have, delta,
+                                                                         strict=True)]
 
 
 # The increment statement per (dialect, table), built once: building its SET clause's
