@@ -43,6 +43,7 @@ from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
+from orchestrator.store.rawwrite import driver_executemany
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -198,15 +199,18 @@ def on_lines_many(conn: Connection, subjects: Collection[str]) -> None:
             bare.append({"b_node": subject})
         else:
             billed.append({"b_node": subject, "b_mark": _us(mark), "b_covered": _us(covered)})
-    if billed:
-        covered_us = sa.bindparam("b_covered", type_=sa.BigInteger())
-        conn.execute(sa.update(ledger_reach).where(_r.node_id == sa.bindparam("b_node")).values(
-            mark_us=sa.bindparam("b_mark", type_=sa.BigInteger()), covered_us=covered_us,
-            billed=True, start_us=sa.case((_r.launched_us.is_(None), None), else_=covered_us)),
-            billed)
-    if bare:
-        conn.execute(sa.update(ledger_reach).where(_r.node_id == sa.bindparam("b_node")).values(
-            mark_us=None, covered_us=None, billed=False, start_us=_r.launched_us), bare)
+    # Plain integers and strings: straight through the driver (orchestrator.store.rawwrite).
+    covered_us = sa.bindparam("b_covered", type_=sa.BigInteger())
+    driver_executemany(conn, "ledger-reach-billed", sa.update(ledger_reach).where(
+        _r.node_id == sa.bindparam("b_node")).values(
+        mark_us=sa.bindparam("b_mark", type_=sa.BigInteger()), covered_us=covered_us,
+        billed=sa.true(), start_us=sa.case((_r.launched_us.is_(None), sa.null()),
+                                           else_=covered_us)),
+        (), billed)
+    driver_executemany(conn, "ledger-reach-bare", sa.update(ledger_reach).where(
+        _r.node_id == sa.bindparam("b_node")).values(
+        mark_us=sa.null(), covered_us=sa.null(), billed=sa.false(), start_us=_r.launched_us),
+        (), bare)
     conn.execute(sa.delete(ledger_reach).where(among(dialect, _r.node_id, subjects),
                                                sa.not_(_OPEN)))
 

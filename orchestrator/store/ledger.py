@@ -115,6 +115,9 @@ class CostSums:
     lines: int
 
 
+LINE_COLUMNS = (*_LINE_FIELDS, "day", "rolled_at")  # what a line's upsert sets
+
+
 def line_upsert(dialect: str, insert: Any) -> Any:
     """The upsert of cost lines on their ``line_key`` (``insert``: the store's dialect insert),
     built once per dialect: its SET clause cost more CPU than running it."""
@@ -123,8 +126,7 @@ def line_upsert(dialect: str, insert: Any) -> Any:
         stmt = insert(T.cost_lines)
         stmt = stmt.on_conflict_do_update(
             index_elements=["line_key"],
-            set_={name: stmt.excluded[name] for name in (*_LINE_FIELDS, "day", "rolled_at")
-                  if name != "line_key"})
+            set_={name: stmt.excluded[name] for name in LINE_COLUMNS if name != "line_key"})
         _LINE_UPSERTS[dialect] = stmt
     return stmt
 
@@ -146,6 +148,21 @@ def line_from_row(row: sa.Row[Any]) -> CostLine:
     values["cost_micros"] = int(values["cost_micros"])
     values["onprem_equiv_micros"] = int(values["onprem_equiv_micros"])
     return CostLine(**values)
+
+
+LINE_SELECT = tuple(T.cost_lines.c[name] for name in _LINE_FIELDS)  # what line_from_driver reads
+_KINDS: dict[str, CostKind] = {k.value: k for k in CostKind}
+
+
+def line_from_driver(values: Sequence[Any]) -> CostLine:
+    """The line of a row of :data:`LINE_SELECT` as the driver returns it (SQLite: times as naive
+    UTC text, ``final`` as 0 or 1): what :func:`line_from_row` makes of the typed row."""
+    (line_key, subject, node_id, start, end, kind, project, job_id, policy, pool, provider,
+     region, instance_type, market, price, instance_s, gpu_s, cost, equiv, final, user) = values
+    return CostLine(line_key, subject, node_id, utc(start), utc(end),  # type: ignore[arg-type]
+                    _KINDS[kind], project, job_id, policy, pool, provider, region,
+                    instance_type, market, price, instance_s, gpu_s, int(cost), int(equiv),
+                    bool(final), user)
 
 
 def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:

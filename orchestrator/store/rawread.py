@@ -29,6 +29,17 @@ def driver_rows(conn: sa.Connection, query: sa.Select[Any]) -> list[tuple[Any, .
         cursor.close()
 
 
+def driver_rows_bound(conn: sa.Connection, query: sa.Select[Any]) -> list[Any]:
+    """:func:`driver_rows` for a statement whose bound values are not plain strings and numbers
+    (a PostgreSQL array, which the dialect does not render as a literal): compiled with its
+    parameters, which go to the driver as they are (no bind processing), by ``exec_driver_sql``."""
+    compiled = query.compile(dialect=conn.dialect)
+    params = compiled.construct_params()
+    names = compiled.positiontup
+    args = params if names is None else tuple(params[n] for n in names)
+    return list(conn.exec_driver_sql(compiled.string, args))  # type: ignore[arg-type]
+
+
 def utc(value: datetime | str | None) -> datetime | None:
     """A driver's time as an aware UTC datetime: SQLite's naive UTC text (``YYYY-MM-DD
     HH:MM:SS.ffffff``, what ``UtcDateTime`` stores), or PostgreSQL's aware datetime."""
@@ -42,4 +53,4 @@ def utc(value: datetime | str | None) -> datetime | None:
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
-__all__ = ["driver_rows", "utc"]
+__all__ = ["driver_rows", "driver_rows_bound", "utc"]
