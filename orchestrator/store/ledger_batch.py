@@ -6,7 +6,8 @@ node at the tick a new hour bucket opens and at the one its mark moves: at 10,00
 was 10,000 transactions and 40-60 s of CPU, twice an hour. :meth:`LedgerBatch.write_ledgers`
 does the same for any number of subjects in one transaction of a constant number of statements
 (each set of keys bound as one parameter, :mod:`orchestrator.store.keysets`; rows written by one
-``executemany`` per statement):
+``executemany`` per statement, the big ones and the diff read straight through the driver,
+:mod:`orchestrator.store.rawwrite` and :mod:`orchestrator.store.rawread`):
 
 1. on PostgreSQL, the advisory locks of the subjects' stripes (at most 64,
    :func:`~orchestrator.store.rollups.lock_subjects`), so no other writer of them runs meanwhile;
