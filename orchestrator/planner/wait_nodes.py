@@ -29,6 +29,15 @@ keep its SLO; its record's ``for_cloud_cost_usd`` is None). At most :data:`MAX_T
 are tried per tick. Each displacement is recorded
 (the displaced job, whom for, both predicted on-prem starts and both cloud costs).
 
+**Until when the answer holds** (:attr:`NodeSplit.holds_s`; :mod:`.wait`). The node space is
+built from fixed instants (the running jobs' expected ends), so on the same snapshot planned
+``d`` seconds later it is the same space with its first ``d`` seconds cut off. Every earliest
+start the split looked up that lies beyond ``d`` is then found again at the same instant (an
+earlier window that fits would have been found first), so every reservation, verdict and
+displacement is the same, while ``d`` stays under: each start looked up (a start at ``now``, or
+the tick's on-prem starts held from ``now``, leave no room: 0), each simulated job's on-prem
+bound, and for displacement the time until a deferred job beyond ``lookahead`` comes within it.
+
 Pure: ``now`` is an argument; times inside are seconds from now.
 """
 
@@ -66,6 +75,7 @@ class NodeSplit:
     displaced: list[int] = field(default_factory=list)  # burst now, for a dearer job
     stuck: list[int] = field(default_factory=list)  # late, but no burst node holds them
     records: list[dict] = field(default_factory=list)
+    holds_s: float = INF  # how long (s) the same split stands (module docstring)
 
 
 # The last answer of node_space_problem, with the two tuples it read: a plan asks it several
@@ -117,6 +127,10 @@ class _Space:
                      for r in queue.onprem_releases]
         self.absorbed = absorbed
         self._starts: list[tuple[Allocation, float]] | None = None
+        self.holds_s = INF  # the earliest start looked up, or bound met (module docstring)
+
+    def bound(self, seconds: float) -> None:
+        self.holds_s = min(self.holds_s, seconds)
 
     def fresh(self, held: Sequence[_Held] = ()) -> NodeSpace:
         space = NodeSpace(self.sizes, self.free, self.ends, 0.0)  # type: ignore[arg-type]
@@ -127,6 +141,7 @@ class _Space:
                 if alloc is not None:
                     space.hold(alloc, 0.0, _length(job))
                     self._starts.append((alloc, _length(job)))
+                    self.holds_s = 0.0  # held from now: moves with the clock
         else:
             for alloc, length in self._starts:
                 space.hold(alloc, 0.0, length)
@@ -153,6 +168,7 @@ def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Se
         index_of[id(job)] = index
         length = _length(job)
         found = space.earliest(job.gpus, length)
+        builder.bound(deadline if found is None else min(deadline, found[0]))
         if found is not None and found[0] <= deadline:
             space.hold(found[1], found[0], length)
             held.append(_Held(job, found[1], found[0], length, True))
@@ -196,6 +212,7 @@ def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Se
         out.late.append(index)
     out.deferred.sort()
     out.displaced.sort()
+    out.holds_s = builder.holds_s
     return out
 
 
@@ -206,7 +223,10 @@ def _displace(builder: _Space, held: list[_Held], job: Job, deadline: float, cos
     with the space without them, the job's start and allocation; None if there are none."""
     priced = []
     for h in held:
-        if not h.movable or h.start > horizon:
+        if not h.movable:
+            continue
+        if h.start > horizon:
+            builder.bound(h.start - horizon)  # comes within the lookahead then
             continue
         c = cloud_cost(h.job)
         if c is not None and c < cost:
@@ -229,6 +249,8 @@ def _displace(builder: _Space, held: list[_Held], job: Job, deadline: float, cos
         gone = {id(h.job) for h in prefix[:m]}
         space = builder.fresh([h for h in held if id(h.job) not in gone])
         found = space.earliest(job.gpus, length)
+        if found is not None:
+            builder.bound(found[0])
         if found is None or found[0] > deadline:
             return None
         return space, found[0], found[1]

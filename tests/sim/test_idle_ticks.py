@@ -43,19 +43,25 @@ def _replay_modes(policy, jobs: Trace, node_gpus: int | None = None, **option_ov
                          sizing, opts) for mode in IdleMode}
 
 
-def _assert_same(engines, held: bool = False) -> None:
+def _assert_same(engines, held: bool = False, slept: bool = False) -> None:
     """Same outcomes in every mode; ``held``: the second rule (ticks that only hold) is
-    exercised, and those ticks are not counted by rule (their rule moves with the clock)."""
+    exercised, and those ticks are not counted by rule (their rule moves with the clock);
+    ``slept``: ticks before a plan's ``holds_until`` are skipped (counted by its rule)."""
     planned = engines[IdleMode.PLAN]
     skipped = engines[IdleMode.SKIP]
     by_rule = not held
     assert _outcome(skipped, by_rule) == _outcome(planned, by_rule)
     assert _outcome(engines[IdleMode.CHECK]) == _outcome(planned)
     assert planned.counters.idle_ticks == planned.counters.held_ticks == 0
+    assert planned.counters.slept_ticks == 0
     counters = skipped.counters
-    assert counters.plans + counters.idle_ticks + counters.held_ticks == planned.counters.plans
-    assert sum(skipped.store.rules.values()) == counters.plans + counters.idle_ticks
+    assert (counters.plans + counters.idle_ticks + counters.held_ticks + counters.slept_ticks
+            == planned.counters.plans)
+    assert (sum(skipped.store.rules.values())
+            == counters.plans + counters.idle_ticks + counters.slept_ticks)
     assert (counters.held_ticks if held else counters.idle_ticks) > 0  # (the case is exercised)
+    if slept:
+        assert counters.slept_ticks > 0
 
 
 @pytest.mark.parametrize("node_gpus", [4, 8])
