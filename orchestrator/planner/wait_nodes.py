@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.domain.jobs import Job
+from orchestrator.domain.pending import to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.backfill import INF, Allocation, NodeSpace
 from orchestrator.policy.models import Displacement
@@ -101,6 +102,23 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     return problem
 
 
+# The last node sizes and release ends (microseconds) read, with the two tuples they were read
+# from: consecutive plans of an unchanged on-prem pool read the same ones.
+_last_shape: list = [None, None, None, None]
+
+
+def _shape(queue: PoolQueue) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The nodes' sizes, and each release as (node, expected end in µs since the epoch, GPUs)."""
+    per = queue.onprem.free_per_node
+    releases = queue.onprem_releases
+    if _last_shape[0] is per and _last_shape[1] is releases:
+        return _last_shape[2], _last_shape[3]
+    sizes = _sizes(queue)
+    ends = [(r.node, to_us(r.ends_at), r.gpus) for r in releases]
+    _last_shape[:] = [per, releases, sizes, ends]
+    return sizes, ends  # type: ignore[return-value]
+
+
 def _sizes(queue: PoolQueue) -> list[int]:
     per = queue.onprem.free_per_node
     n = len(per)
@@ -118,33 +136,33 @@ def _length(job: Job) -> float:
 
 
 class _Space:
-    """Builds the node space of the snapshot (with the tick's on-prem starts) on demand."""
+    """Builds the node space of the snapshot (with the tick's on-prem starts) on demand: once,
+    then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes = _sizes(queue)
+        self.sizes, ends = _shape(queue)
         self.free = list(queue.onprem.free_per_node)
-        self.ends = [(r.node, max((r.ends_at - now).total_seconds(), 0.0), r.gpus)
-                     for r in queue.onprem_releases]
+        # Seconds from now, as (ends_at - now).total_seconds(): both divide the exact
+        # microseconds by 10**6 with one correct rounding.
+        now_us = to_us(now)
+        self.ends = [(node, max((end - now_us) / 1e6, 0.0), gpus) for node, end, gpus in ends]
         self.absorbed = absorbed
-        self._starts: list[tuple[Allocation, float]] | None = None
+        self._base: NodeSpace | None = None
         self.holds_s = INF  # the earliest start looked up, or bound met (module docstring)
 
     def bound(self, seconds: float) -> None:
         self.holds_s = min(self.holds_s, seconds)
 
     def fresh(self, held: Sequence[_Held] = ()) -> NodeSpace:
-        space = NodeSpace(self.sizes, self.free, self.ends, 0.0)  # type: ignore[arg-type]
-        if self._starts is None:  # where this tick's on-prem starts go (the first build finds it)
-            self._starts = []
+        base = self._base
+        if base is None:  # the space, and where this tick's on-prem starts go
+            base = self._base = NodeSpace(self.sizes, self.free, self.ends, 0.0)  # type: ignore[arg-type]
             for job in self.absorbed:
-                alloc = space.fits_now(job.gpus, _length(job))
+                alloc = base.fits_now(job.gpus, _length(job))
                 if alloc is not None:
-                    space.hold(alloc, 0.0, _length(job))
-                    self._starts.append((alloc, _length(job)))
+                    base.hold(alloc, 0.0, _length(job))
                     self.holds_s = 0.0  # held from now: moves with the clock
-        else:
-            for alloc, length in self._starts:
-                space.hold(alloc, 0.0, length)
+        space = base.copy()
         for h in held:
             space.hold(h.alloc, h.start, h.length)
         return space
