@@ -74,6 +74,7 @@ class NodeSpace:
     (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
 
     __slots__ = (
+        "_own",
         "_whole",
         "_widest",
         "free_nodes",
@@ -108,25 +109,49 @@ class NodeSpace:
                     frees.append(frees[-1] + gpus)
             self.times.append(times)
             self.frees.append(frees)
+        self._settle()
+
+    @classmethod
+    def of_steps(cls, sizes: Sequence[int], times: list[list[float]], frees: list[list[int]],
+                 now: float) -> NodeSpace:
+        """The space whose step functions are given (each node's ``times`` from ``now`` on,
+        strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
+        from the running jobs' ends, built by a caller that keeps them grouped by node."""
+        space = cls.__new__(cls)
+        space.sizes = list(sizes)
+        space.now = now
+        space.node_size = max(space.sizes, default=0)
+        space.times = times
+        space.frees = frees
+        space._settle()
+        return space
+
+    def _settle(self) -> None:
         self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
         self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
         # Per node of the widest size, its windows of being entirely free (opens, closes), kept
         # until a hold changes the node (what a wide job's sweep reads); and those nodes.
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
         self._widest = [i for i, size in enumerate(self.sizes) if size == self.node_size]
+        # Whether each node's step lists are this space's own (False: shared with a copy, and
+        # copied by the first hold on the node).
+        self._own = [True] * len(self.sizes)
 
     def copy(self) -> NodeSpace:
-        """An independent copy (what holds on it change is its own)."""
+        """An independent copy (what holds on either change is its own). The nodes' step lists
+        are shared until a hold changes one (copy on write): a copy costs two lists of lists."""
         new = NodeSpace.__new__(NodeSpace)
         new.sizes = self.sizes
         new.now = self.now
         new.node_size = self.node_size
-        new.times = [list(t) for t in self.times]
-        new.frees = [list(f) for f in self.frees]
+        new.times = list(self.times)
+        new.frees = list(self.frees)
         new.free_total = self.free_total
         new.free_nodes = set(self.free_nodes)
         new._whole = list(self._whole)
         new._widest = self._widest
+        new._own = [False] * len(self.sizes)
+        self._own = [False] * len(self.sizes)
         return new
 
     # -- queries -----------------------------------------------------------------------------
@@ -234,6 +259,10 @@ class NodeSpace:
         end = start + limit_s
         for node, gpus in allocation:
             self._whole[node] = None
+            if not self._own[node]:  # shared with a copy: this space's own lists first
+                self.times[node] = list(self.times[node])
+                self.frees[node] = list(self.frees[node])
+                self._own[node] = True
             times, frees = self.times[node], self.frees[node]
             a = split_step(times, frees, start)
             b = split_step(times, frees, end) if end < INF else len(times)

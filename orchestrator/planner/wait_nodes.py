@@ -102,21 +102,26 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     return problem
 
 
-# The last node sizes and release ends (microseconds) read, with the two tuples they were read
-# from: consecutive plans of an unchanged on-prem pool read the same ones.
+# The last node sizes and release ends read, with the two tuples they were read from:
+# consecutive plans of an unchanged on-prem pool read the same ones.
 _last_shape: list = [None, None, None, None]
 
 
-def _shape(queue: PoolQueue) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """The nodes' sizes, and each release as (node, expected end in µs since the epoch, GPUs)."""
+def _shape(queue: PoolQueue) -> tuple[list[int], list[list[tuple[int, int]]]]:
+    """The nodes' sizes, and each node's releases as (expected end in µs since the epoch, GPUs),
+    by end."""
     per = queue.onprem.free_per_node
     releases = queue.onprem_releases
     if _last_shape[0] is per and _last_shape[1] is releases:
         return _last_shape[2], _last_shape[3]
     sizes = _sizes(queue)
-    ends = [(r.node, to_us(r.ends_at), r.gpus) for r in releases]
-    _last_shape[:] = [per, releases, sizes, ends]
-    return sizes, ends  # type: ignore[return-value]
+    grouped: list[list[tuple[int, int]]] = [[] for _ in per]
+    for release in releases:
+        grouped[release.node].append((to_us(release.ends_at), release.gpus))  # type: ignore[index]
+    for ends in grouped:
+        ends.sort()
+    _last_shape[:] = [per, releases, sizes, grouped]
+    return sizes, grouped
 
 
 def _sizes(queue: PoolQueue) -> list[int]:
@@ -140,12 +145,9 @@ class _Space:
     then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes, ends = _shape(queue)
-        self.free = list(queue.onprem.free_per_node)
-        # Seconds from now, as (ends_at - now).total_seconds(): both divide the exact
-        # microseconds by 10**6 with one correct rounding.
-        now_us = to_us(now)
-        self.ends = [(node, max((end - now_us) / 1e6, 0.0), gpus) for node, end, gpus in ends]
+        self.sizes, self.grouped = _shape(queue)
+        self.free = queue.onprem.free_per_node
+        self.now_us = to_us(now)
         self.absorbed = absorbed
         self._base: NodeSpace | None = None
         self.holds_s = INF  # the earliest start looked up, or bound met (module docstring)
@@ -156,7 +158,7 @@ class _Space:
     def fresh(self, held: Sequence[_Held] = ()) -> NodeSpace:
         base = self._base
         if base is None:  # the space, and where this tick's on-prem starts go
-            base = self._base = NodeSpace(self.sizes, self.free, self.ends, 0.0)  # type: ignore[arg-type]
+            base = self._base = self._build()
             for job in self.absorbed:
                 alloc = base.fits_now(job.gpus, _length(job))
                 if alloc is not None:
@@ -166,6 +168,27 @@ class _Space:
         for h in held:
             space.hold(h.alloc, h.start, h.length)
         return space
+
+    def _build(self) -> NodeSpace:
+        """``NodeSpace(sizes, free, ends, 0.0)`` with each release's end in seconds from now
+        (as ``(ends_at - now).total_seconds()``: both divide the exact microseconds by 10**6
+        with one correct rounding), from the releases kept grouped by node and in order."""
+        now_us = self.now_us
+        all_times: list[list[float]] = []
+        all_frees: list[list[int]] = []
+        for free, ends in zip(self.free, self.grouped):
+            times = [0.0]
+            frees = [free]
+            for end_us, gpus in ends:
+                end = (end_us - now_us) / 1e6
+                if end <= times[-1]:  # (ended already, or at the previous end: one step)
+                    frees[-1] += gpus
+                else:
+                    times.append(end)
+                    frees.append(frees[-1] + gpus)
+            all_times.append(times)
+            all_frees.append(frees)
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],

@@ -182,3 +182,8 @@ def test_earliest_answers_as_the_plain_scan_of_every_node(sizes, running, jobs):
         if expected is not None:
             s.hold(expected[1], expected[0], limit)
         assert copy.earliest(gpus, limit) == expected  # (a copy is not changed by holds on s)
+        before = ([list(t) for t in s.times], [list(f) for f in s.frees])
+        other = copy.copy()
+        if expected is not None:  # nor is s by holds on a copy of its copy
+            other.hold(expected[1], expected[0], limit)
+        assert (s.times, s.frees) == before
