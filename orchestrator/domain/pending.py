@@ -210,10 +210,13 @@ class PendingColumns(Sequence[Job]):
     def empty(cls, pool: str = "") -> PendingColumns:
         return cls(pool, (), (), (), (), (), (), ())
 
-    def select(self, rows: Any, pool: str | None = None) -> PendingColumns:
+    def select(self, rows: Any, pool: str | None = None,
+               jobs: Iterable[Job] | None = None) -> PendingColumns:
         """The rows ``rows`` (positions, in the order given) as columns of their own (of
         ``pool``, default this one's), with project and user codes renumbered in order of first
-        appearance: equal, field for field, to the columns built from those rows alone."""
+        appearance: equal, field for field, to the columns built from those rows alone.
+        ``jobs``: the Jobs of those rows, in that order, for :meth:`job` to return (as
+        :meth:`from_jobs` keeps the jobs it was given)."""
         rows = np.asarray(rows, dtype=np.int64)
         project, projects = _recode(self.project[rows], self.projects)
         user, users = _recode(self.user[rows], self.users)
@@ -226,6 +229,8 @@ class PendingColumns(Sequence[Job]):
         if self._jobs and (pool is None or pool == self.pool):
             made._jobs.update((new, self._jobs[old]) for new, old in enumerate(rows.tolist())
                               if old in self._jobs)
+        if jobs is not None:
+            made._jobs.update(enumerate(jobs))
         return made
 
     # -- reading -------------------------------------------------------------------------------
