@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, overload
 
 import numpy as np
@@ -116,8 +117,8 @@ class PendingColumns(Sequence[Job]):
     ``pool``: the pool every job belongs to.
     """
 
-    __slots__ = ("_counts", "_jobs", "checkpoint_s", "dataset_gb", "duration_s", "gpus", "ids",
-                 "pool",
+    __slots__ = ("_counts", "_jobs", "checkpoint_s", "dataset_gb", "duration_s", "gpus", "id_rank",
+                 "ids", "pool",
                  "priority", "project", "projects", "submitted_us", "user", "users")
 
     def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
@@ -150,6 +151,9 @@ class PendingColumns(Sequence[Job]):
             raise ValueError("pending column 'user' holds a code outside 'users'")
         self._jobs: dict[int, Job] = {}
         self._counts: dict[tuple[str, int, int], int] | None = None
+        # Each row's id as its rank among the ids in code point order (equal ids, equal ranks),
+        # where the builder knows it (the simulator ranks a trace's ids once); None: read the ids.
+        self.id_rank: np.ndarray | None = None
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -220,14 +224,17 @@ class PendingColumns(Sequence[Job]):
         rows = np.asarray(rows, dtype=np.int64)
         project, projects = _recode(self.project[rows], self.projects)
         user, users = _recode(self.user[rows], self.users)
-        ids = self.ids
-        made = PendingColumns(self.pool if pool is None else pool, [ids[i] for i in rows.tolist()],
+        picked = rows.tolist()
+        ids = itemgetter(*picked)(self.ids) if len(picked) > 1 else [self.ids[i] for i in picked]
+        made = PendingColumns(self.pool if pool is None else pool, ids,
                               projects, project, self.gpus[rows], self.priority[rows],
                               self.submitted_us[rows], self.duration_s[rows],
                               self.checkpoint_s[rows], users or (None,), user,
                               self.dataset_gb[rows])
+        if self.id_rank is not None:
+            made.id_rank = self.id_rank[rows]
         if self._jobs and (pool is None or pool == self.pool):
-            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(rows.tolist())
+            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(picked)
                               if old in self._jobs)
         if jobs is not None:
             made._jobs.update(enumerate(jobs))

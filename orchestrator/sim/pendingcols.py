@@ -10,18 +10,20 @@ on Philly's queue). The selection equals, field for field, the columns built fro
 jobs themselves, with the same Job objects behind its rows (``PendingColumns.job``).
 
 A job whose record changed after the columns were built (a spot interruption's requeue reports
-what is left to run) is noticed by identity of its record: the columns of every job are built
-again then (rare: once per requeue).
+what is left to run) is reported by the world (:meth:`QueueColumns.changed`): the columns of
+every job are built again at the next read (rare: once per requeue). The ids of every job are
+ranked once (``PendingColumns.id_rank``), so each queue's ties in submit time are put in id order
+without reading a string.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from operator import attrgetter
 
 import numpy as np
 
-from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import PendingColumns
+from orchestrator.planner.order import id_ranks
 from orchestrator.sim.simjob import SimJob
 
 
@@ -31,30 +33,39 @@ class QueueColumns:
     def __init__(self, pool: str, jobs: list[SimJob]):
         self.pool = pool
         self.jobs = jobs
-        self._records: list[Job] = []
         self._all: PendingColumns | None = None  # built at the first read (a baseline never reads)
+        self._stale = True
+
+    def changed(self) -> None:
+        """Some job's record was replaced (the world's requeue): read them again."""
+        self._stale = True
 
     def _build(self) -> PendingColumns:
-        records = self._records = [job.domain for job in self.jobs]
+        records = [job.domain for job in self.jobs]
         # As from_jobs builds them, without its map of every row to its Job: the selection is
         # handed the pending jobs' own (fewer kept alive over a run of 70k jobs).
-        self._all = PendingColumns.from_rows(self.pool, [
+        columns = PendingColumns.from_rows(self.pool, [
             (j.id, j.project, j.gpus, j.priority, j.submitted_at, j.duration_s, j.checkpoint_s,
              j.user, j.dataset_gb) for j in records])
-        return self._all
+        if self._all is not None and self._all.id_rank is not None:
+            columns.id_rank = self._all.id_rank  # (ids do not change)
+        else:
+            columns.id_rank = id_ranks(columns.ids)
+        self._all = columns
+        self._stale = False
+        return columns
 
-    def pending(self, jobs: Iterable[SimJob]) -> PendingColumns:
-        """The columns of ``jobs`` (pending, in queue order), as ``from_jobs`` of their records
-        would build them."""
-        jobs = list(jobs)
-        if not jobs:
+    def pending(self, pending: dict[int, SimJob]) -> PendingColumns:
+        """The columns of the ``pending`` jobs (by index, in queue order), as ``from_jobs`` of
+        their records would build them (C-level passes only: thousands queue on Philly)."""
+        if not pending:
             return PendingColumns.empty(self.pool)
-        columns = self._all
-        records = self._records
-        if columns is None or any(records[job.index] is not job.domain for job in jobs):
-            columns = self._build()
-        rows = np.fromiter((job.index for job in jobs), dtype=np.int64, count=len(jobs))
-        return columns.select(rows, jobs=[job.domain for job in jobs])
+        columns = self._all if not self._stale else self._build()
+        rows = np.fromiter(pending.keys(), dtype=np.int64, count=len(pending))
+        return columns.select(rows, jobs=list(map(_RECORD, pending.values())))
+
+
+_RECORD = attrgetter("domain")
 
 
 __all__ = ["QueueColumns"]

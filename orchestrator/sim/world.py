@@ -373,6 +373,7 @@ class World(OnPremFill, BurstFill):
                             self.policy.spot.restart_overhead.total_seconds())
             # The queue reports how long the job ran before: its wait so far excludes it.
             job.domain = replace(job.domain, ran_s=job.domain.ran_s + now - job.start_s)
+            self._columns.changed()  # (and keep_checkpoint's new time limit)
             job.restarts += 1
             self._leave_burst_nodes(job, now)
             job.attempt += 1
@@ -387,7 +388,7 @@ class World(OnPremFill, BurstFill):
     def queue(self) -> PoolQueue:
         """The pool's queue as a queue source reports it (pending jobs, on-prem capacity)."""
         if self._pending_tuple is None:  # as columns, as a queue source hands them over
-            self._pending_tuple = self._columns.pending(self.pending.values())
+            self._pending_tuple = self._columns.pending(self.pending)
         version, free = self._free_cache
         if version != self.onprem.version:
             free = self.onprem.free_per_node()

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from orchestrator.domain.pending import PendingColumns
+from orchestrator.planner.order import ordered
 from orchestrator.sim.pendingcols import QueueColumns
 from orchestrator.sim.simjob import SimJob
 from orchestrator.sim.world import World
@@ -20,6 +21,7 @@ FIELDS = ("ids", "projects", "project", "gpus", "priority", "submitted_us", "dur
 
 def _same(made: PendingColumns, jobs: list[SimJob]) -> None:
     built = PendingColumns.from_jobs([j.domain for j in jobs], "gpu")
+    assert list(ordered(made, sim_policy()).order) == list(ordered(built, sim_policy()).order)
     for name in FIELDS:
         a, b = getattr(made, name), getattr(built, name)
         if isinstance(a, np.ndarray):
@@ -36,17 +38,18 @@ def test_any_selection_equals_the_columns_of_its_jobs():
     columns = QueueColumns("gpu", world.jobs)
     for picked in ([0], [3, 1], [4, 2, 0, 1], [1, 2, 3, 4, 0]):
         chosen = [world.jobs[i] for i in picked]
-        _same(columns.pending(chosen), chosen)
-    assert len(columns.pending([])) == 0
+        _same(columns.pending({j.index: j for j in chosen}), chosen)
+    assert len(columns.pending({})) == 0
 
 
 def test_a_changed_record_is_read_again():
     jobs = trace(("a", 0, 600, 8), ("b", 5, 60, 2), ("c", 5, 120, 1))
     world = World(sim_policy(), jobs.jobs, 1, 8, store=None)
     columns = QueueColumns("gpu", world.jobs)
-    chosen = list(world.jobs)
-    _same(columns.pending(chosen), chosen)
+    chosen = {j.index: j for j in world.jobs}
+    _same(columns.pending(chosen), list(chosen.values()))
     world.jobs[1].domain = dataclasses.replace(world.jobs[1].domain, duration_s=7.0)
+    columns.changed()
     made = columns.pending(chosen)
     assert made.duration_s[1] == 7.0
-    _same(made, chosen)
+    _same(made, list(chosen.values()))
