@@ -111,6 +111,7 @@ class PolicyController(Controller):
         self.idle_mode = IdleMode(idle_ticks)  # ticks plan() provably does nothing at (idletick)
         self._quiet = False
         self._holds: _Holds | None = None  # the last plan's holds_until, while it may be used
+        self._held: tuple = (None, {})  # (nodes and runs version, burst GPUs per project)
 
     def bind(self, engine) -> None:
         super().bind(engine)
@@ -162,14 +163,19 @@ class PolicyController(Controller):
         """What the dispatcher checks a start on a burst node against (the built-in queue's
         rule): the policy's budgets now, from the metered spend, the nodes and the runs."""
         moment = at(now)
-        nodes = self.engine.store.live_nodes()
-        runs = self.engine.world.running_on_burst()
+        engine = self.engine
+        nodes = engine.store.live_nodes()
+        runs = engine.world.running_on_burst()
         book = None
         if self.policy.budgets:
             snapshot = Snapshot(taken_at=moment, nodes=nodes,
                                 budget_spend=self.meter.observe(moment), burst_runs=runs)
             book = BudgetBook.build(self.policy, snapshot, moment)
-        return Admission(self.policy, book, moment, held_gpus(nodes, runs))
+        # What each project holds moves only with the nodes and the runs (Admission copies it).
+        key = (engine.store.version, engine.world.changes)
+        if self._held[0] != key:
+            self._held = (key, held_gpus(nodes, runs))
+        return Admission(self.policy, book, moment, self._held[1])
 
     def act(self, now: float) -> None:
         engine = self.engine
