@@ -117,8 +117,8 @@ class PendingColumns(Sequence[Job]):
     ``pool``: the pool every job belongs to.
     """
 
-    __slots__ = ("_counts", "_jobs", "checkpoint_s", "dataset_gb", "duration_s", "gpus", "id_rank",
-                 "ids", "pool",
+    __slots__ = ("_counts", "_jobs", "_listed", "checkpoint_s", "dataset_gb", "duration_s",
+                 "gpus", "id_rank", "ids", "pool",
                  "priority", "project", "projects", "submitted_us", "user", "users")
 
     def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
@@ -150,6 +150,7 @@ class PendingColumns(Sequence[Job]):
         if n and (int(self.user.min()) < 0 or int(self.user.max()) >= len(self.users)):
             raise ValueError("pending column 'user' holds a code outside 'users'")
         self._jobs: dict[int, Job] = {}
+        self._listed: list[Job] | None = None  # the Job of every row, where handed over whole
         self._counts: dict[tuple[str, int, int], int] | None = None
         # Each row's id as its rank among the ids in code point order (equal ids, equal ranks),
         # where the builder knows it (the simulator ranks a trace's ids once); None: read the ids.
@@ -207,7 +208,7 @@ class PendingColumns(Sequence[Job]):
         made = cls.from_rows(pool, [(j.id, j.project, j.gpus, j.priority, j.submitted_at,
                                      j.duration_s, j.checkpoint_s, j.user, j.dataset_gb)
                                     for j in jobs])
-        made._jobs.update(enumerate(jobs))  # the jobs as given (state, tz) are what job(i) returns
+        made._listed = list(jobs)  # the jobs as given (state, tz) are what job(i) returns
         return made
 
     @classmethod
@@ -236,13 +237,20 @@ class PendingColumns(Sequence[Job]):
         if self._jobs and (pool is None or pool == self.pool):
             made._jobs.update((new, self._jobs[old]) for new, old in enumerate(picked)
                               if old in self._jobs)
-        if jobs is not None:
-            made._jobs.update(enumerate(jobs))
+        if jobs is None and self._listed is not None and (pool is None or pool == self.pool):
+            jobs = [self._listed[i] for i in picked]
+        if jobs is not None:  # every row's Job, kept as the list it is (no map of 100k rows)
+            made._listed = jobs if isinstance(jobs, list) else list(jobs)
+            if len(made._listed) != len(made.ids):
+                raise ValueError(f"{len(made._listed)} jobs for {len(made.ids)} rows")
         return made
 
     # -- reading -------------------------------------------------------------------------------
     def job(self, index: int) -> Job:
         """Row ``index`` as a Job (made once, then kept)."""
+        listed = self._listed
+        if listed is not None and 0 <= index < len(listed):
+            return listed[index]
         job = self._jobs.get(index)
         if job is None:
             index = int(index)
