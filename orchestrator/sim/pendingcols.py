@@ -22,7 +22,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from orchestrator.domain.pending import PendingColumns
+from orchestrator.domain.pending import ROW_FIELDS, PendingColumns
 from orchestrator.planner.order import id_ranks
 from orchestrator.sim.simjob import SimJob
 
@@ -42,11 +42,11 @@ class QueueColumns:
 
     def _build(self) -> PendingColumns:
         records = [job.domain for job in self.jobs]
-        # As from_jobs builds them, without its map of every row to its Job: the selection is
-        # handed the pending jobs' own (fewer kept alive over a run of 70k jobs).
-        columns = PendingColumns.from_rows(self.pool, [
-            (j.id, j.project, j.gpus, j.priority, j.submitted_at, j.duration_s, j.checkpoint_s,
-             j.user, j.dataset_gb) for j in records])
+        # As from_jobs builds them (from_rows transposes its rows into these columns), field by
+        # field (no tuple per job held at once: 70k of them are megabytes) and without its list
+        # of every row's Job: the selection is handed the pending jobs' own.
+        columns = PendingColumns.from_fields(self.pool, {
+            name: [getattr(j, name) for j in records] for name in ROW_FIELDS})
         if self._all is not None and self._all.id_rank is not None:
             columns.id_rank = self._all.id_rank  # (ids do not change)
         else:

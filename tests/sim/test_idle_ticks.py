@@ -6,11 +6,12 @@ node's life, the cost and the decisions counted by rule and by the limits that h
 every skipped tick planned and checked (``IdleMode.CHECK``) no plan does anything the rule or the
 statement said it would not.
 
-Slices: the ITP sample and a day of the full ITP trace under the sized default (Slurm's queue:
-the node wait model and displacement), with capacity errors and spot interruptions; the ITP
-sample, the Alibaba trace and Philly's days 30-32 under the shipped default (the built-in queue:
-the pooled wait model standing in, ``limits.max_nodes`` binding). No budgets (their spend moves
-with the clock: such runs plan every tick)."""
+Slices: the ITP sample and a day of the full ITP trace under the sized default (the node wait
+model and displacement), with capacity errors and spot interruptions; the ITP sample under the
+pooled wait model (``itp-ondemand``) and under a trigger that waits for the oldest job
+(``itp-wait``); the ITP sample, the Alibaba trace and Philly's days 30-32 under the shipped
+default (``limits.max_nodes`` binding; the simulator's queue reports its nodes, so the node model
+runs there too). No budgets (their spend moves with the clock: such runs plan every tick)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,14 @@ def test_a_day_of_the_full_itp_trace():
     _assert_same(_replay_modes(load_policy(ITP_DEFAULT), day, 4), slept=True)
 
 
+@pytest.mark.parametrize("name", ["itp-ondemand", "itp-wait"])
+def test_the_itp_sample_under_the_pooled_model_and_a_waiting_trigger(name):
+    # itp-ondemand: wait_slo on pooled on-prem GPUs (its timeline in whole minutes);
+    # itp-wait: no wait_slo, the trigger fires once the oldest job waited 25 minutes.
+    policy = load_policy(ITP_DEFAULT.parent / f"{name}.yaml")
+    _assert_same(_replay_modes(policy, SAMPLE, 4), slept=True)
+
+
 def _shared(name: str) -> Trace:
     try:
         return load_trace(name)
@@ -125,8 +134,8 @@ def _shared(name: str) -> Trace:
 
 def test_the_alibaba_trace_under_the_shipped_default():
     # Six 4-GPU nodes at most while a queue waits from day 109 on: most ticks only hold
-    # (limits.max_nodes) or wait for a job's wait_slo deadline; the built-in queue reports no
-    # nodes, so the pooled model stands in. Ticks of 5 minutes keep the three replays short.
+    # (limits.max_nodes) or wait for a job's wait_slo deadline. Ticks of 5 minutes keep the
+    # three replays short.
     full = _shared("alibaba")
     _assert_same(_replay_modes(load_policy(DEFAULT_POLICY_PATH), full, None, tick_s=300.0),
                  held=True, slept=True)
