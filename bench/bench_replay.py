@@ -1,6 +1,7 @@
 """Benchmark: one policy's replay of a trace, its wall and CPU time, its plan() calls and the
-ticks it skipped (orchestrator/sim/idletick.py: idle and held ticks), and peak memory. Prints
-figures; not a test.
+ticks it skipped (orchestrator/sim/idletick.py: idle and held ticks; slept: before the last
+plan's holds_until, orchestrator/planner/horizon.py), and peak memory. Prints figures; not a
+test.
 
     python bench/bench_replay.py --policy bench/policies/itp-default.yaml --node-gpus 4   # full ITP
     python bench/bench_replay.py --trace philly          # the shipped default, as burst simulate
@@ -86,12 +87,13 @@ def main() -> None:
           f"{sizing.gpus:,} GPUs in {sizing.nodes} x {sizing.gpus_per_node}; policy "
           f"{policy.name}; load average {load}")
     print(f"{'run':<14} {'wall s':>8} {'CPU s':>8} {'x floor':>8} {'plan() s':>9} {'plans':>8} "
-          f"{'idle ticks':>10} {'held ticks':>10}")
+          f"{'idle ticks':>10} {'held ticks':>10} {'slept':>8}")
     print(f"{'never (floor)':<14} {floor_wall:8.2f} {floor_cpu:8.2f} {1:8.2f} {'-':>9} {'-':>8} "
-          f"{'-':>10} {'-':>10}")
+          f"{'-':>10} {'-':>10} {'-':>8}")
     plan_s = timings[policy.name]["plan_s"]
     print(f"{policy.name:<14} {wall:8.2f} {cpu:8.2f} {cpu / max(floor_cpu, 1e-9):8.2f} "
-          f"{plan_s:9.2f} {run['plans']:8,} {run['idle_ticks']:10,} {run['held_ticks']:10,}")
+          f"{plan_s:9.2f} {run['plans']:8,} {run['idle_ticks']:10,} {run['held_ticks']:10,} "
+          f"{run['slept_ticks']:8,}")
     print(f"peak RSS {rss_mib:.0f} MiB; cost ${run['cloud_cost_usd']:,.2f}; SLO "
           f"{100 * run['slo_attainment']:.2f} % of jobs, {100 * run['slo_attainment_gpu_hours']:.2f} "
           f"% of GPU-h; never: SLO {100 * floor['slo_attainment']:.2f} %")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, overload
 
 import numpy as np
@@ -116,8 +117,8 @@ class PendingColumns(Sequence[Job]):
     ``pool``: the pool every job belongs to.
     """
 
-    __slots__ = ("_counts", "_jobs", "checkpoint_s", "dataset_gb", "duration_s", "gpus", "ids",
-                 "pool",
+    __slots__ = ("_counts", "_jobs", "_listed", "checkpoint_s", "dataset_gb", "duration_s",
+                 "gpus", "id_rank", "ids", "pool",
                  "priority", "project", "projects", "submitted_us", "user", "users")
 
     def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
@@ -149,7 +150,11 @@ class PendingColumns(Sequence[Job]):
         if n and (int(self.user.min()) < 0 or int(self.user.max()) >= len(self.users)):
             raise ValueError("pending column 'user' holds a code outside 'users'")
         self._jobs: dict[int, Job] = {}
+        self._listed: list[Job] | None = None  # the Job of every row, where handed over whole
         self._counts: dict[tuple[str, int, int], int] | None = None
+        # Each row's id as its rank among the ids in code point order (equal ids, equal ranks),
+        # where the builder knows it (the simulator ranks a trace's ids once); None: read the ids.
+        self.id_rank: np.ndarray | None = None
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -203,34 +208,49 @@ class PendingColumns(Sequence[Job]):
         made = cls.from_rows(pool, [(j.id, j.project, j.gpus, j.priority, j.submitted_at,
                                      j.duration_s, j.checkpoint_s, j.user, j.dataset_gb)
                                     for j in jobs])
-        made._jobs.update(enumerate(jobs))  # the jobs as given (state, tz) are what job(i) returns
+        made._listed = list(jobs)  # the jobs as given (state, tz) are what job(i) returns
         return made
 
     @classmethod
     def empty(cls, pool: str = "") -> PendingColumns:
         return cls(pool, (), (), (), (), (), (), ())
 
-    def select(self, rows: Any, pool: str | None = None) -> PendingColumns:
+    def select(self, rows: Any, pool: str | None = None,
+               jobs: Iterable[Job] | None = None) -> PendingColumns:
         """The rows ``rows`` (positions, in the order given) as columns of their own (of
         ``pool``, default this one's), with project and user codes renumbered in order of first
-        appearance: equal, field for field, to the columns built from those rows alone."""
+        appearance: equal, field for field, to the columns built from those rows alone.
+        ``jobs``: the Jobs of those rows, in that order, for :meth:`job` to return (as
+        :meth:`from_jobs` keeps the jobs it was given)."""
         rows = np.asarray(rows, dtype=np.int64)
         project, projects = _recode(self.project[rows], self.projects)
         user, users = _recode(self.user[rows], self.users)
-        ids = self.ids
-        made = PendingColumns(self.pool if pool is None else pool, [ids[i] for i in rows.tolist()],
+        picked = rows.tolist()
+        ids = itemgetter(*picked)(self.ids) if len(picked) > 1 else [self.ids[i] for i in picked]
+        made = PendingColumns(self.pool if pool is None else pool, ids,
                               projects, project, self.gpus[rows], self.priority[rows],
                               self.submitted_us[rows], self.duration_s[rows],
                               self.checkpoint_s[rows], users or (None,), user,
                               self.dataset_gb[rows])
+        if self.id_rank is not None:
+            made.id_rank = self.id_rank[rows]
         if self._jobs and (pool is None or pool == self.pool):
-            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(rows.tolist())
+            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(picked)
                               if old in self._jobs)
+        if jobs is None and self._listed is not None and (pool is None or pool == self.pool):
+            jobs = [self._listed[i] for i in picked]
+        if jobs is not None:  # every row's Job, kept as the list it is (no map of 100k rows)
+            made._listed = jobs if isinstance(jobs, list) else list(jobs)
+            if len(made._listed) != len(made.ids):
+                raise ValueError(f"{len(made._listed)} jobs for {len(made.ids)} rows")
         return made
 
     # -- reading -------------------------------------------------------------------------------
     def job(self, index: int) -> Job:
         """Row ``index`` as a Job (made once, then kept)."""
+        listed = self._listed
+        if listed is not None and 0 <= index < len(listed):
+            return listed[index]
         job = self._jobs.get(index)
         if job is None:
             index = int(index)

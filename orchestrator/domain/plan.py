@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -151,6 +150,12 @@ class Decision:
     # ``last_seen_at`` (None while it was seen once).
     repeats: int = 1
     last_seen_at: datetime | None = None
+    # Until when this answer holds (the planner's :mod:`orchestrator.planner.horizon`): planned
+    # again on the same snapshot, only the clock later by whole minutes, before this instant,
+    # the planner would act on nothing, keep the memory and decide by the same rule with the same
+    # limits held back by. None: no claim (plan at the next tick). A statement about the
+    # decision, not part of it: left out of its repr and equality, so decisions compare as before.
+    holds_until: datetime | None = field(default=None, repr=False, compare=False)
 
     @property
     def last_seen(self) -> datetime:

@@ -27,6 +27,11 @@ on the columns for the record and the pricing; the wait-aware split simulates on
 not already past their deadline (:func:`_split`, one comparison over the column of submit times);
 the room under the pool limits is worked out only by the branches that may launch. None of it changes a decision: a tick that decides nothing
 records what it always recorded (``tests/unit/test_planner_speed.py``).
+
+Each decision also says until when its answer holds (``Decision.holds_until``, :mod:`.horizon`):
+a tick that acts on nothing and keeps its memory names the first instant the clock alone could
+change that (a job's ``wait_slo`` deadline, the trigger's thresholds, a cooldown's end, a node
+reaching ``idle_for``...), so the simulator skips the ticks before it while nothing happens.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
@@ -44,6 +49,7 @@ import numpy as np
 
 from orchestrator.domain.jobs import NO_PROJECT_LABEL, Job
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.plan import (
     Action,
     ActionReason,
@@ -55,9 +61,10 @@ from orchestrator.domain.plan import (
     Plan,
     Rule,
 )
-from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
+from orchestrator.planner import staging
 from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
+from orchestrator.planner.boot import BootChoice, choose_boot
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import (
@@ -68,23 +75,22 @@ from orchestrator.planner.demand import (
     gpus_of,
 )
 from orchestrator.planner.forecast import predict_onprem_starts
+from orchestrator.planner.horizon import holds_until
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
-from orchestrator.planner import staging
-from orchestrator.planner.spot import SpotChooser
-from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.placement import (
     MULTI_NODE,
     NO_INTERCONNECT,
     WIDER_THAN_LIMIT,
     spans_nodes,
 )
+from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.scaleup import (
     Budget,
     Grant,
     grant_nodes,
     pool_budget,
 )
-from orchestrator.planner.boot import BootChoice, choose_boot
+from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.wait import (
     NodeRules,
     WaitSplit,
@@ -160,7 +166,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     # One pass over the nodes gathers what scale-down, absorption and the record read of them.
     census = take_census(snapshot.nodes, policy, now, only_policy=name)
     nodes = census.nodes
-    memory = snapshot.memory.get(policy.name, PolicyMemory())
+    memory = given = snapshot.memory.get(policy.name, PolicyMemory())
     queue = snapshot.queues.get(pool)
     books = BudgetBook.build(policy, snapshot, now, earlier or ()) if policy.budgets else None
     # With budgets, a ready node counts as covering a pending job only if the dispatcher would
@@ -383,6 +389,9 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         memory = PolicyMemory(trigger_since, memory.last_launch_at, memory.last_drain_at)
     if not launches and demand.unmet:
         actions.append(Hold(policy.name, summary))
+    holds = holds_until(policy, snapshot, now, census=census, demand=demand, split=split,
+                        fired=fired, before=given, after=memory, actions=actions, rule=rule,
+                        recorded=inputs)
     decision = Decision(
         id=did,
         policy=policy.name,
@@ -394,6 +403,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         chosen=chosen if launches else None,
         held_back_by=held_back,
         actions=tuple(_describe(a) for a in actions),
+        holds_until=holds,
     )
     return actions, decision, memory
 
@@ -455,7 +465,7 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         due[picked] = True
     return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at,
                      boot=split.boot, model=split.model, displaced=split.displaced,
-                     margin=split.margin)
+                     margin=split.margin, holds_s=split.holds_s)
 
 
 def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot: Snapshot,
@@ -488,7 +498,7 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
         lead = split.earliest_burst_at - min(j.submitted_at for j in split.waiting)
         earliest = min(deadlines) + lead
     return replace(split, due=due, waiting=left, earliest_burst_at=earliest,
-                   spot_early=len(early))
+                   spot_early=len(early), holds_s=0.0)  # (its odds read the clock: no claim)
 
 
 def _model_name(policy: Policy, queue: PoolQueue) -> str:

@@ -73,7 +73,18 @@ class NodeSpace:
     """Free GPUs of every node over future time: per node a step function ``times``/``frees``
     (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
 
-    __slots__ = ("sizes", "times", "frees", "now", "node_size", "free_total", "free_nodes")
+    __slots__ = (
+        "_own",
+        "_whole",
+        "_widest",
+        "free_nodes",
+        "free_total",
+        "frees",
+        "node_size",
+        "now",
+        "sizes",
+        "times",
+    )
 
     def __init__(self, sizes: Sequence[int], free_now: Sequence[int],
                  ends: Iterable[tuple[int, float, int]], now: float):
@@ -98,8 +109,50 @@ class NodeSpace:
                     frees.append(frees[-1] + gpus)
             self.times.append(times)
             self.frees.append(frees)
+        self._settle()
+
+    @classmethod
+    def of_steps(cls, sizes: Sequence[int], times: list[list[float]], frees: list[list[int]],
+                 now: float) -> NodeSpace:
+        """The space whose step functions are given (each node's ``times`` from ``now`` on,
+        strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
+        from the running jobs' ends, built by a caller that keeps them grouped by node."""
+        space = cls.__new__(cls)
+        space.sizes = list(sizes)
+        space.now = now
+        space.node_size = max(space.sizes, default=0)
+        space.times = times
+        space.frees = frees
+        space._settle()
+        return space
+
+    def _settle(self) -> None:
         self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
         self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
+        # Per node of the widest size, its windows of being entirely free (opens, closes), kept
+        # until a hold changes the node (what a wide job's sweep reads); and those nodes.
+        self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
+        self._widest = [i for i, size in enumerate(self.sizes) if size == self.node_size]
+        # Whether each node's step lists are this space's own (False: shared with a copy, and
+        # copied by the first hold on the node).
+        self._own = [True] * len(self.sizes)
+
+    def copy(self) -> NodeSpace:
+        """An independent copy (what holds on either change is its own). The nodes' step lists
+        are shared until a hold changes one (copy on write): a copy costs two lists of lists."""
+        new = NodeSpace.__new__(NodeSpace)
+        new.sizes = self.sizes
+        new.now = self.now
+        new.node_size = self.node_size
+        new.times = list(self.times)
+        new.frees = list(self.frees)
+        new.free_total = self.free_total
+        new.free_nodes = set(self.free_nodes)
+        new._whole = list(self._whole)
+        new._widest = self._widest
+        new._own = [False] * len(self.sizes)
+        self._own = [False] * len(self.sizes)
+        return new
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -107,22 +160,44 @@ class NodeSpace:
         return self.frees[node][0]
 
     def earliest(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
-        """The earliest start of a job and where; None if it can never fit."""
+        """The earliest start of a job and where; None if it can never fit.
+
+        The node whose first window (:func:`earliest_window`) starts first, then with the least
+        free room at that start, then the lowest index. Each node's steps are read only up to
+        the best start found so far (a later window cannot win): on a busy cluster most nodes
+        are left after a step or two."""
         if gpus > self.node_size:
             return self._earliest_whole(gpus, limit_s)
-        best: tuple[float, int, int] | None = None  # (start, free room then, node)
+        best_start, best_room, best_node = INF, 0, -1
+        all_times, all_frees = self.times, self.frees
         for node, size in enumerate(self.sizes):
             if size < gpus:
                 continue
-            start = earliest_window(self.times[node], self.frees[node], gpus, limit_s)
-            if start is None:
-                continue
-            room = self.frees[node][_step(self.times[node], start)]
-            if best is None or (start, room, node) < best:
-                best = (start, room, node)
-        if best is None:
+            times, frees = all_times[node], all_frees[node]
+            n = len(times)
+            k = 0
+            while k < n:
+                start = times[k]
+                if start > best_start:
+                    break
+                room = frees[k]
+                if room < gpus:
+                    k += 1
+                    continue
+                end = start + limit_s
+                j = k + 1
+                while j < n and times[j] < end:
+                    if frees[j] < gpus:
+                        break
+                    j += 1
+                else:  # the node's first window: it wins if earlier, or as early with less room
+                    if start < best_start or room < best_room:
+                        best_start, best_room, best_node = start, room, node
+                    break
+                k = j + 1
+        if best_node < 0:
             return None
-        return best[0], ((best[2], gpus),)
+        return best_start, ((best_node, gpus),)
 
     def fits_now(self, gpus: int, limit_s: float) -> Allocation | None:
         """Where a job would start now (None if nowhere), without changing anything: the
@@ -152,29 +227,19 @@ class NodeSpace:
         over each node's windows of being entirely free)."""
         size = self.node_size
         need = math.ceil(gpus / size)
-        if sum(1 for s in self.sizes if s == size) < need:
+        if len(self._widest) < need:
             return None
         events: list[tuple[float, int, int]] = []  # (time, +1 opens / -1 closes after, node)
-        for node, node_size in enumerate(self.sizes):
-            if node_size != size:
-                continue
-            times, frees = self.times[node], self.frees[node]
-            k = 0
-            n = len(times)
-            while k < n:
-                if frees[k] != size:
-                    k += 1
-                    continue
-                j = k
-                while j + 1 < n and frees[j + 1] == size:
-                    j += 1
-                opens = times[k]
-                closes = times[j + 1] if j + 1 < n else INF
+        whole = self._whole
+        for node in self._widest:
+            windows = whole[node]
+            if windows is None:
+                windows = whole[node] = _whole_windows(self.times[node], self.frees[node], size)
+            for opens, closes in windows:
                 last = closes - limit_s  # the latest start that still ends by ``closes``
                 if last >= opens:
                     events.append((opens, 0, node))  # opens sort before closes at one time
                     events.append((last, 1, node))
-                k = j + 1
         events.sort()
         open_nodes: set[int] = set()
         for when, kind, node in events:
@@ -193,6 +258,11 @@ class NodeSpace:
         """Take the allocation's GPUs from ``start`` for ``limit_s`` (a start or a reservation)."""
         end = start + limit_s
         for node, gpus in allocation:
+            self._whole[node] = None
+            if not self._own[node]:  # shared with a copy: this space's own lists first
+                self.times[node] = list(self.times[node])
+                self.frees[node] = list(self.frees[node])
+                self._own[node] = True
             times, frees = self.times[node], self.frees[node]
             a = split_step(times, frees, start)
             b = split_step(times, frees, end) if end < INF else len(times)
@@ -202,6 +272,24 @@ class NodeSpace:
                     self.free_nodes.discard(node)
             for k in range(a, b):
                 frees[k] -= gpus
+
+
+def _whole_windows(times: list[float], frees: list[int], size: int
+                   ) -> list[tuple[float, float]]:
+    """The windows (opens, closes) in which a node of ``size`` GPUs is entirely free."""
+    windows = []
+    k = 0
+    n = len(times)
+    while k < n:
+        if frees[k] != size:
+            k += 1
+            continue
+        j = k
+        while j + 1 < n and frees[j + 1] == size:
+            j += 1
+        windows.append((times[k], times[j + 1] if j + 1 < n else INF))
+        k = j + 1
+    return windows
 
 
 def _step(times: list[float], t: float) -> int:

@@ -124,16 +124,18 @@ def _arrange(jobs: Sequence[Job], priorities: dict[str, int], default: int) -> O
     else:
         same = base[1:] == base[:-1]
     if same.any():
-        order = _by_id_in_ties(order, same, columns.ids)
+        order = _by_id_in_ties(order, same, columns.ids, columns.id_rank)
     if classed:
         ranked = klass[order]
         starts += (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
     return Ordered(jobs, columns, order, starts)
 
 
-def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...]) -> np.ndarray:
+def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...],
+                   ranks: np.ndarray | None = None) -> np.ndarray:
     """``order`` with each run of jobs of one class and submit time (``same[i]``: entry ``i + 1``
-    ties with entry ``i``; each run in position order) put in id order, then position order."""
+    ties with entry ``i``; each run in position order) put in id order, then position order.
+    ``ranks``: the ids' ranks (:func:`id_ranks`) where the columns carry them."""
     tied = np.zeros(len(order), dtype=bool)
     tied[1:] |= same
     tied[:-1] |= same
@@ -142,8 +144,10 @@ def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...]) ->
     members = order[at]
     # The words of every id, read in queue order (a pass in memory order; picking the tied ids
     # one by one visits the strings at random and costs more where most of a queue ties).
-    words = _id_words(ids) if 4 * len(members) >= len(ids) else None
-    if words is not None:
+    words = _id_words(ids) if ranks is None and 4 * len(members) >= len(ids) else None
+    if ranks is not None:  # known already: their order is the ids'
+        keys = [ranks[members]]
+    elif words is not None:
         # The ids' bytes, 8 to a word, most significant first: the words' order is the ids'
         # (ASCII bytes are code points).
         keys = [word[members] for word in words]
@@ -155,6 +159,17 @@ def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...]) ->
     order = order.copy()
     order[at] = members[np.argsort(run * (int(rank.max()) + 1) + rank, kind="stable")]
     return order
+
+
+def id_ranks(ids: Sequence[str]) -> np.ndarray:
+    """Each id's rank among ``ids`` in code point order (equal ids, equal ranks), as the tie
+    order reads them (``PendingColumns.id_rank``: a source that knows every id up front ranks
+    them once, and each queue's ties are then ordered without reading a string)."""
+    ids = tuple(ids)
+    if not ids:
+        return np.empty(0, dtype=np.int64)
+    words = _id_words(ids)
+    return _dense_rank(words if words is not None else [np.array(ids)])
 
 
 def _id_words(ids: tuple[str, ...]) -> list[np.ndarray] | None:

@@ -25,15 +25,24 @@ learned one (:mod:`.boot`). The pooled rule is what runs with neither.
 
 Pure: no clock, no I/O; ``now`` is an argument. A job without an expected runtime holds its GPUs
 to the end of the simulated horizon; a running job past its expected end frees at once.
+
+**Until when the split holds** (:attr:`WaitSplit.holds_s`, read by the planner's
+``Decision.holds_until``). Planned again on the same snapshot a whole number of minutes later, the
+split is the same while (1) no waiting job reaches its burst time (``earliest_burst_at``), (2) no
+simulated job passes its on-prem bound (it would stop being simulated), and (3) every start the
+model placed lies ahead: the on-prem schedule is built from the running jobs' expected ends, which
+are fixed instants, so moving ``now`` later cuts its past off and every later start, window and
+reservation keeps its instant (the pooled timeline counts whole minutes from ``now``, hence whole
+minutes). A start at ``now`` itself (a deferred job that fits at once, or the tick's on-prem
+starts the simulation holds from ``now``) would move with the clock: then no claim is made (0).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from collections.abc import Callable
 
 import numpy as np
 
@@ -61,6 +70,9 @@ class WaitSplit:
     displaced: tuple[dict, ...] = ()  # trigger.displacement: who went to the cloud for whom
     spot_early: int = 0  # late jobs made due before their deadline: spot first (SLO guard)
     margin: timedelta | None = None  # trigger.onprem_margin, where it applied
+    # How long (s from now) the same snapshot planned a whole number of minutes later splits the
+    # same way (inf: for ever; 0: no claim): see "Until when the split holds" above.
+    holds_s: float = math.inf
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
@@ -155,7 +167,6 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
         model = ""
     horizon = max((d for d, past in zip(deadlines, late) if not past), default=0.0)
     free = _timeline(horizon, onprem_absorbed, queue, now)
-    slots = len(free)
 
     def hold(gpus: int, start: int, duration_s: float | None) -> None:
         _hold(free, gpus, start, duration_s)
@@ -164,11 +175,16 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
     deferred: list[Job] = []
     waiting: list[Job] = []
     earliest: float | None = None
+    # Until when the split holds (module docstring): the first on-prem bound of a simulated job,
+    # the first start the timeline placed (below), none where the tick's on-prem starts are held.
+    holds = math.inf if all(late) else 0.0 if onprem_absorbed else min(
+        d for d, past in zip(deadlines, late) if not past)
     for job, deadline, launch, past in zip(unmet, deadlines, launch_by, late):
         if not past:
             start = _first_fit(free, job.gpus, job.duration_s, int(deadline // STEP_S))
             if start is not None:
                 hold(job.gpus, start, job.duration_s)
+                holds = min(holds, start * STEP_S)
                 deferred.append(job)
                 continue
         if launch - TICK_S <= 0:
@@ -178,7 +194,10 @@ def split_unmet(unmet: tuple[Job, ...], onprem_absorbed: tuple[Job, ...], queue:
             burst_in = launch - TICK_S
             earliest = burst_in if earliest is None else min(earliest, burst_in)
     at = None if earliest is None else now + timedelta(seconds=earliest)
-    return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at, boot=boot, model=model)
+    if earliest is not None:
+        holds = min(holds, earliest)
+    return WaitSplit(tuple(due), tuple(deferred), tuple(waiting), at, boot=boot, model=model,
+                     holds_s=holds)
 
 
 def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQueue,
@@ -207,9 +226,10 @@ def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQ
             earliest = burst_in if earliest is None else min(earliest, burst_in)
     due_at.sort()
     at = None if earliest is None else now + timedelta(seconds=earliest)
+    holds = result.holds_s if earliest is None else min(result.holds_s, earliest)
     return WaitSplit(tuple(unmet[i] for i in due_at), tuple(jobs[k] for k in result.deferred),
                      tuple(unmet[i] for i in waiting_at), at, boot=boot, model="nodes",
-                     displaced=tuple(result.records), margin=margin)
+                     displaced=tuple(result.records), margin=margin, holds_s=holds)
 
 
 def onprem_margin(policy: Policy, queue: PoolQueue) -> timedelta | None:
@@ -245,6 +265,11 @@ def split_pooled_view(early: JobsView, onprem_absorbed: tuple[Job, ...], queue: 
     free = _timeline(horizon, onprem_absorbed, queue, now)
     gpus = early.column("gpus")
     deferred = np.zeros(len(early), dtype=bool)
+    # Until when the split holds (module docstring): the first on-prem bound, the first start
+    # the timeline placed (below), no claim at all where the tick's on-prem starts are held.
+    holds = math.inf
+    if len(early):
+        holds = 0.0 if len(onprem_absorbed) else float(deadlines.min())
     peak = max(free)
     candidates = np.flatnonzero(gpus <= peak)
     if len(candidates):
@@ -259,13 +284,16 @@ def split_pooled_view(early: JobsView, onprem_absorbed: tuple[Job, ...], queue: 
                 _hold(free, width, start, length)
                 deferred[i] = True
                 peak = max(free)
+                holds = min(holds, start * STEP_S)
     burst_in = deadlines - TICK_S
     due = ~deferred & (burst_in <= 0)
     waiting = ~deferred & ~due
     earliest = float(burst_in[waiting].min()) if waiting.any() else None
     at = None if earliest is None else now + timedelta(seconds=earliest)
+    if earliest is not None:
+        holds = min(holds, earliest)
     return WaitSplit(early.where(due), early.where(deferred), early.where(waiting), at,
-                     boot=boot), due
+                     boot=boot, holds_s=holds), due
 
 
 def _timeline(horizon: float, onprem_absorbed: tuple[Job, ...], queue: PoolQueue,

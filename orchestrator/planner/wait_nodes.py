@@ -29,6 +29,15 @@ keep its SLO; its record's ``for_cloud_cost_usd`` is None). At most :data:`MAX_T
 are tried per tick. Each displacement is recorded
 (the displaced job, whom for, both predicted on-prem starts and both cloud costs).
 
+**Until when the answer holds** (:attr:`NodeSplit.holds_s`; :mod:`.wait`). The node space is
+built from fixed instants (the running jobs' expected ends), so on the same snapshot planned
+``d`` seconds later it is the same space with its first ``d`` seconds cut off. Every earliest
+start the split looked up that lies beyond ``d`` is then found again at the same instant (an
+earlier window that fits would have been found first), so every reservation, verdict and
+displacement is the same, while ``d`` stays under: each start looked up (a start at ``now``, or
+the tick's on-prem starts held from ``now``, leave no room: 0), each simulated job's on-prem
+bound, and for displacement the time until a deferred job beyond ``lookahead`` comes within it.
+
 Pure: ``now`` is an argument; times inside are seconds from now.
 """
 
@@ -40,6 +49,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from orchestrator.domain.jobs import Job
+from orchestrator.domain.pending import to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.backfill import INF, Allocation, NodeSpace
 from orchestrator.policy.models import Displacement
@@ -66,6 +76,7 @@ class NodeSplit:
     displaced: list[int] = field(default_factory=list)  # burst now, for a dearer job
     stuck: list[int] = field(default_factory=list)  # late, but no burst node holds them
     records: list[dict] = field(default_factory=list)
+    holds_s: float = INF  # how long (s) the same split stands (module docstring)
 
 
 # The last answer of node_space_problem, with the two tuples it read: a plan asks it several
@@ -91,6 +102,28 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     return problem
 
 
+# The last node sizes and release ends read, with the two tuples they were read from:
+# consecutive plans of an unchanged on-prem pool read the same ones.
+_last_shape: list = [None, None, None, None]
+
+
+def _shape(queue: PoolQueue) -> tuple[list[int], list[list[tuple[int, int]]]]:
+    """The nodes' sizes, and each node's releases as (expected end in µs since the epoch, GPUs),
+    by end."""
+    per = queue.onprem.free_per_node
+    releases = queue.onprem_releases
+    if _last_shape[0] is per and _last_shape[1] is releases:
+        return _last_shape[2], _last_shape[3]
+    sizes = _sizes(queue)
+    grouped: list[list[tuple[int, int]]] = [[] for _ in per]
+    for release in releases:
+        grouped[release.node].append((to_us(release.ends_at), release.gpus))  # type: ignore[index]
+    for ends in grouped:
+        ends.sort()
+    _last_shape[:] = [per, releases, sizes, grouped]
+    return sizes, grouped
+
+
 def _sizes(queue: PoolQueue) -> list[int]:
     per = queue.onprem.free_per_node
     n = len(per)
@@ -108,31 +141,54 @@ def _length(job: Job) -> float:
 
 
 class _Space:
-    """Builds the node space of the snapshot (with the tick's on-prem starts) on demand."""
+    """Builds the node space of the snapshot (with the tick's on-prem starts) on demand: once,
+    then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes = _sizes(queue)
-        self.free = list(queue.onprem.free_per_node)
-        self.ends = [(r.node, max((r.ends_at - now).total_seconds(), 0.0), r.gpus)
-                     for r in queue.onprem_releases]
+        self.sizes, self.grouped = _shape(queue)
+        self.free = queue.onprem.free_per_node
+        self.now_us = to_us(now)
         self.absorbed = absorbed
-        self._starts: list[tuple[Allocation, float]] | None = None
+        self._base: NodeSpace | None = None
+        self.holds_s = INF  # the earliest start looked up, or bound met (module docstring)
+
+    def bound(self, seconds: float) -> None:
+        self.holds_s = min(self.holds_s, seconds)
 
     def fresh(self, held: Sequence[_Held] = ()) -> NodeSpace:
-        space = NodeSpace(self.sizes, self.free, self.ends, 0.0)  # type: ignore[arg-type]
-        if self._starts is None:  # where this tick's on-prem starts go (the first build finds it)
-            self._starts = []
+        base = self._base
+        if base is None:  # the space, and where this tick's on-prem starts go
+            base = self._base = self._build()
             for job in self.absorbed:
-                alloc = space.fits_now(job.gpus, _length(job))
+                alloc = base.fits_now(job.gpus, _length(job))
                 if alloc is not None:
-                    space.hold(alloc, 0.0, _length(job))
-                    self._starts.append((alloc, _length(job)))
-        else:
-            for alloc, length in self._starts:
-                space.hold(alloc, 0.0, length)
+                    base.hold(alloc, 0.0, _length(job))
+                    self.holds_s = 0.0  # held from now: moves with the clock
+        space = base.copy()
         for h in held:
             space.hold(h.alloc, h.start, h.length)
         return space
+
+    def _build(self) -> NodeSpace:
+        """``NodeSpace(sizes, free, ends, 0.0)`` with each release's end in seconds from now
+        (as ``(ends_at - now).total_seconds()``: both divide the exact microseconds by 10**6
+        with one correct rounding), from the releases kept grouped by node and in order."""
+        now_us = self.now_us
+        all_times: list[list[float]] = []
+        all_frees: list[list[int]] = []
+        for free, ends in zip(self.free, self.grouped):
+            times = [0.0]
+            frees = [free]
+            for end_us, gpus in ends:
+                end = (end_us - now_us) / 1e6
+                if end <= times[-1]:  # (ended already, or at the previous end: one step)
+                    frees[-1] += gpus
+                else:
+                    times.append(end)
+                    frees.append(frees[-1] + gpus)
+            all_times.append(times)
+            all_frees.append(frees)
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],
@@ -153,6 +209,7 @@ def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Se
         index_of[id(job)] = index
         length = _length(job)
         found = space.earliest(job.gpus, length)
+        builder.bound(deadline if found is None else min(deadline, found[0]))
         if found is not None and found[0] <= deadline:
             space.hold(found[1], found[0], length)
             held.append(_Held(job, found[1], found[0], length, True))
@@ -196,6 +253,7 @@ def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Se
         out.late.append(index)
     out.deferred.sort()
     out.displaced.sort()
+    out.holds_s = builder.holds_s
     return out
 
 
@@ -206,7 +264,10 @@ def _displace(builder: _Space, held: list[_Held], job: Job, deadline: float, cos
     with the space without them, the job's start and allocation; None if there are none."""
     priced = []
     for h in held:
-        if not h.movable or h.start > horizon:
+        if not h.movable:
+            continue
+        if h.start > horizon:
+            builder.bound(h.start - horizon)  # comes within the lookahead then
             continue
         c = cloud_cost(h.job)
         if c is not None and c < cost:
@@ -229,6 +290,8 @@ def _displace(builder: _Space, held: list[_Held], job: Job, deadline: float, cos
         gone = {id(h.job) for h in prefix[:m]}
         space = builder.fresh([h for h in held if id(h.job) not in gone])
         found = space.earliest(job.gpus, length)
+        if found is not None:
+            builder.bound(found[0])
         if found is None or found[0] > deadline:
             return None
         return space, found[0], found[1]

@@ -6,6 +6,11 @@ baseline whose rule is pinned in ``docs/simulator.md``.
   (offerings relabelled to the sim provider), the production executor, and a re-plan within the
   tick after a capacity error, as :mod:`orchestrator.loop` does. The planner's memory is carried
   from tick to tick through the (in-memory) store, as in production. No decision is made here.
+  Ticks whose plan is known are not planned: those the simulator proves idle or held
+  (:mod:`orchestrator.sim.idletick`), and those before the last plan's ``holds_until`` (the
+  planner's own statement, :mod:`orchestrator.planner.horizon`) while nothing changed since
+  (no job arrived, started or ended, no node changed): such a tick counts as that plan's rule
+  and limits held back by (``slept_ticks``).
 * :class:`NeverController` (``never``): on-prem only.
 * :class:`GreedyController` (``greedy``, what pending-pod autoscalers do): a job still pending 30 s
   after arrival goes to an idle cloud node that fits it, else new nodes are launched for it; small
@@ -22,7 +27,8 @@ times, billing, capacity errors and interruptions.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 from orchestrator.domain.nodes import NodeState
@@ -32,6 +38,7 @@ from orchestrator.domain.snapshot import PolicyMemory, Snapshot
 from orchestrator.planner import plan as make_plan
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook
+from orchestrator.planner.horizon import FOREVER
 from orchestrator.planner.offerings import resolve_candidates
 from orchestrator.planner.placement import spans_nodes
 from orchestrator.policy.models import Policy
@@ -46,6 +53,21 @@ GREEDY_WAIT_S = 30.0
 IDLE_S = 600.0
 RETRY_S = 60.0  # a baseline whose launches all failed tries again this much later
 DEFAULT_THRESHOLD = 64
+
+
+HOLDS_STEP_S = 60.0  # holds_until is claimed for re-plans a whole number of minutes later
+
+
+@dataclass(frozen=True, slots=True)
+class _Holds:
+    """The last plan's ``holds_until``, and what a tick skipped before it counts as."""
+
+    state: tuple  # what only events change (IdleTicks.state) right after that plan
+    until_s: float  # holds_until on the virtual clock (inf: FOREVER)
+    planned_s: float  # when that plan was made
+    rule: str
+    held_back: tuple[str, ...]
+    staging_held: frozenset[str]
 
 
 class Controller:
@@ -88,6 +110,8 @@ class PolicyController(Controller):
         self.sleep_when_idle = sleep_when_idle  # False: plan every tick even in an empty world
         self.idle_mode = IdleMode(idle_ticks)  # ticks plan() provably does nothing at (idletick)
         self._quiet = False
+        self._holds: _Holds | None = None  # the last plan's holds_until, while it may be used
+        self._held: tuple = (None, {})  # (nodes and runs version, burst GPUs per project)
 
     def bind(self, engine) -> None:
         super().bind(engine)
@@ -106,6 +130,15 @@ class PolicyController(Controller):
                 p.max_burst_gpus is not None for p in self.policy.projects):
             engine.world.admission = self.admission
         self.idle = IdleTicks(self.policy, engine)
+
+    def holding(self, now: float) -> _Holds | None:
+        """The last plan's statement, if it covers ``now`` and nothing changed since."""
+        holds = self._holds
+        if (holds is None or now >= holds.until_s
+                or (now - holds.planned_s) % HOLDS_STEP_S != 0.0
+                or holds.state != self.idle.state()):
+            return None
+        return holds
 
     def snapshot(self, now: float) -> Snapshot:
         engine = self.engine
@@ -130,14 +163,19 @@ class PolicyController(Controller):
         """What the dispatcher checks a start on a burst node against (the built-in queue's
         rule): the policy's budgets now, from the metered spend, the nodes and the runs."""
         moment = at(now)
-        nodes = self.engine.store.live_nodes()
-        runs = self.engine.world.running_on_burst()
+        engine = self.engine
+        nodes = engine.store.live_nodes()
+        runs = engine.world.running_on_burst()
         book = None
         if self.policy.budgets:
             snapshot = Snapshot(taken_at=moment, nodes=nodes,
                                 budget_spend=self.meter.observe(moment), burst_runs=runs)
             book = BudgetBook.build(self.policy, snapshot, moment)
-        return Admission(self.policy, book, moment, held_gpus(nodes, runs))
+        # What each project holds moves only with the nodes and the runs (Admission copies it).
+        key = (engine.store.version, engine.world.changes)
+        if self._held[0] != key:
+            self._held = (key, held_gpus(nodes, runs))
+        return Admission(self.policy, book, moment, self._held[1])
 
     def act(self, now: float) -> None:
         engine = self.engine
@@ -158,7 +196,15 @@ class PolicyController(Controller):
             if self._quiet:
                 engine.next_tick = None
             return
-        held = not idle and self.idle_mode is not IdleMode.PLAN and self.idle.held(now)
+        holds = (None if idle or self.idle_mode is IdleMode.PLAN else self.holding(now))
+        if holds is not None and self.idle_mode is IdleMode.SKIP:
+            # The last plan said its answer holds until later, and nothing changed since.
+            engine.counters.slept_ticks += 1
+            engine.store.count_decision(holds.rule, holds.held_back)
+            engine.world.staging_held = holds.staging_held
+            return
+        held = (not idle and holds is None and self.idle_mode is not IdleMode.PLAN
+                and self.idle.held(now))
         if held and self.idle_mode is IdleMode.SKIP:
             # plan() would only hold again, as at the last plan (idletick's second rule).
             engine.counters.held_ticks += 1
@@ -178,6 +224,8 @@ class PolicyController(Controller):
             acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
             if idle or held:  # IdleMode.CHECK: the rule said this plan does nothing
                 _check_idle(plan, before, now, held)
+            if holds is not None:  # IdleMode.CHECK: the last plan said this one is the same
+                _check_holds(plan, before, now, holds)
             if not report.capacity_errors:
                 break
             if not report.launched:
@@ -187,10 +235,28 @@ class PolicyController(Controller):
                     plan.memory[name], last_launch_at=previous.last_launch_at if previous else None))
         after = engine.store.load_memory().get(name) or PolicyMemory()
         self.idle.planned(plan, before, after)
+        if holds is None:  # (a checked tick keeps the statement the skip would have used)
+            self._holds = self._statement(plan, report, now)
         self._quiet = (self.sleep_when_idle and quiet and not acted
                        and after == (before or PolicyMemory()))
         if self._quiet:
             engine.next_tick = None
+
+
+    def _statement(self, plan, report, now: float) -> _Holds | None:
+        """The plan's holds_until as the ticks after it may use it (None: plan them)."""
+        [decision] = plan.decisions
+        until = decision.holds_until
+        engine = self.engine
+        # The statement is about the same snapshot: learned capacity and boot times (their
+        # views decay with the clock) and budgets (spend grows with it) change the snapshot
+        # without an event, so their runs plan every tick.
+        if (until is None or report.capacity_errors or engine.learner is not None
+                or engine.boot_learner is not None or self.policy.budgets):
+            return None
+        return _Holds(self.idle.state(), math.inf if until == FOREVER else seconds(until), now,
+                      str(decision.rule), tuple(decision.held_back_by),
+                      self.engine.world.staging_held)
 
 
 class NeverController(Controller):
@@ -318,6 +384,19 @@ def _check_idle(plan, before: PolicyMemory | None, now: float, held: bool = Fals
         raise AssertionError(f"at {now:.0f} s the idle-tick rule skipped a plan that does "
                              f"something: {decision.rule}: {decision.summary}; "
                              f"{len(plan.actions)} action(s); memory {before} -> {memory}")
+
+
+def _check_holds(plan, before: PolicyMemory | None, now: float, holds: _Holds) -> None:
+    [decision] = plan.decisions
+    memory = next(iter(plan.memory.values()))
+    acts = [a for a in plan.actions if not isinstance(a, Hold)]
+    if (acts or memory != (before or PolicyMemory()) or str(decision.rule) != holds.rule
+            or tuple(decision.held_back_by) != holds.held_back):
+        raise AssertionError(
+            f"at {now:.0f} s, before the holds_until ({holds.until_s:.0f} s) of the plan at "
+            f"{holds.planned_s:.0f} s ({holds.rule}, held back by {holds.held_back}), the plan "
+            f"differs: {decision.rule}: {decision.summary}; {len(acts)} action(s), held back by "
+            f"{decision.held_back_by}; memory {before} -> {memory}")
 
 
 def _staging_held(plan) -> frozenset[str]:

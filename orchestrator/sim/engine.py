@@ -73,6 +73,7 @@ class Counters:
     plans: int = 0  # plan() calls
     idle_ticks: int = 0  # ticks plan() was not called at: it provably did nothing (idletick)
     held_ticks: int = 0  # ticks plan() was not called at: it provably only held again
+    slept_ticks: int = 0  # ticks plan() was not called at: before the last plan's holds_until
     plan_wall_s: float = 0.0  # wall time inside plan() (for benchmarks; never in the JSON)
     ticks: int = 0
     samples: list[Sample] = field(default_factory=list)
@@ -158,10 +159,10 @@ class Engine:
             now = min(t_arrival, t_event, t_tick)
             if now == INF:
                 break
-            if i >= total and not heap:
-                # Only ticks are left: stop once nothing has changed for a long while.
-                if now - self.last_change > STALL_S or now - last_arrival > HORIZON_S:
-                    break
+            # Only ticks are left: stop once nothing has changed for a long while.
+            if i >= total and not heap and (now - self.last_change > STALL_S
+                                            or now - last_arrival > HORIZON_S):
+                break
             self._advance(now)
             while i < total and jobs[i].trace.submit_s == now:
                 job = jobs[i]
@@ -325,8 +326,7 @@ class Engine:
             self.store.save_transition(node, new, event)
             self.counters.terminations += 1
         live = len(self.store.live_nodes())
-        if live > self.counters.peak_nodes:
-            self.counters.peak_nodes = live
+        self.counters.peak_nodes = max(self.counters.peak_nodes, live)
 
     def _learn_end(self, node, now: float, interrupted: bool) -> None:
         if self.learner is not None and node.id in self._billing:

@@ -70,19 +70,28 @@ class IdleTicks:
         self.policy = policy
         self.engine = engine
         self.idle_for_s = policy.scale_down.idle_for.total_seconds()
-        # Fixed for the run: what would make the planner read the clock beyond the nodes.
-        self.applies = (not policy.budgets
-                        and not any(p.max_burst_gpus is not None for p in policy.projects)
-                        and engine.learner is None and engine.boot_learner is None)
+        # Fixed for the run: what would make the planner read the clock beyond the nodes. (The
+        # learners are read at each tick: the replay sets them after binding the controller.)
+        self._applies = (not policy.budgets
+                         and not any(p.max_burst_gpus is not None for p in policy.projects))
         # The second rule reads no clock through quotas (what each project holds is the nodes'
         # and runs'), so it allows them; budgets (spend over time) and learners it does not.
-        self.applies_held = (not policy.budgets and engine.learner is None
-                             and engine.boot_learner is None)
+        self._applies_held = not policy.budgets
         self._view: NodesView | None = None
         self.stages = (policy.pool.storage is not None
                        or any(p.storage is not None for p in policy.projects)
                        or any(j.trace.dataset_gb is not None for j in engine.world.jobs))
         self._held_after: tuple | None = None  # the state after the last plan that only held
+
+    @property
+    def applies(self) -> bool:
+        engine = self.engine
+        return self._applies and engine.learner is None and engine.boot_learner is None
+
+    @property
+    def applies_held(self) -> bool:
+        engine = self.engine
+        return self._applies_held and engine.learner is None and engine.boot_learner is None
 
     def state(self) -> tuple:
         """What the planner reads that only events change (the clock aside)."""

@@ -133,10 +133,13 @@ class SimStore:
             predicted = None if offset is None else decision.at + timedelta(seconds=offset)
             self.predictions.setdefault(job_id, []).append((decision.at, predicted))
 
-    def count_decision(self, rule: str) -> None:
+    def count_decision(self, rule: str, held_back: tuple[str, ...] = ()) -> None:
         """A decision the simulator knows without planning (a skipped idle tick,
-        :mod:`orchestrator.sim.idletick`): counted by rule, no record kept."""
+        :mod:`orchestrator.sim.idletick`, or one before a plan's ``holds_until``): counted by
+        rule and by the limits that held launches back, no record kept."""
         self.rules[rule] += 1
+        for limit in held_back:
+            self.held_back[limit] += 1
 
     def load_memory(self) -> dict[str, PolicyMemory]:
         return dict(self._memory)

@@ -281,6 +281,7 @@ def run_controlled(name: str, controller: Controller, policy: Policy, sim_policy
         extra["plans"] = counters.plans
         extra["idle_ticks"] = counters.idle_ticks
         extra["held_ticks"] = counters.held_ticks
+        extra["slept_ticks"] = counters.slept_ticks
         extra["ticks"] = counters.ticks
         extra["decisions_by_rule"] = dict(sorted(store.rules.items()))
         extra["held_back_by"] = dict(sorted(store.held_back.items()))

@@ -21,9 +21,9 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
-from collections.abc import Callable
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from decimal import Decimal
 
 from orchestrator.domain.jobs import Job
@@ -37,9 +37,18 @@ from orchestrator.sim.burstfill import BurstFill
 from orchestrator.sim.burstpool import BurstPool
 from orchestrator.sim.memstore import SimStore
 from orchestrator.sim.onprem_fill import Backfill, OnPremFill
+from orchestrator.sim.pendingcols import QueueColumns
 from orchestrator.sim.pool import Allocation, GpuPool
-from orchestrator.sim.simjob import (DEFAULT_PROJECT, DONE, EPOCH, PENDING, RUNNING, SimJob, at,
-                                     seconds)
+from orchestrator.sim.simjob import (
+    DEFAULT_PROJECT,
+    DONE,
+    EPOCH,
+    PENDING,
+    RUNNING,
+    SimJob,
+    at,
+    seconds,
+)
 from orchestrator.sim.traces import TraceJob
 
 # (Re-exported: the engine, the replay, the benches and tests import these from here.)
@@ -94,9 +103,10 @@ class World(OnPremFill, BurstFill):
             job.checkpoint_s = policy.checkpoint_every_s(project)
             self.jobs.append(job)
         self.pending: dict[int, SimJob] = {}
+        self._columns = QueueColumns(self.pool_name, self.jobs)  # the planner's view of them
         self.changes = 0  # bumped when a job arrives, starts or ends (orchestrator.sim.idletick)
         self.pending_gpus = 0
-        self._pending_tuple: tuple[Job, ...] | None = ()
+        self._pending_tuple: Sequence[Job] | None = ()
         self._all: dict[int, list] = {}  # width -> heap of (key, attempt, job): every pending job
         self._burst_q: dict[int, list] = {}  # width -> heap: pending jobs allowed on burst nodes
         self.running_onprem = 0
@@ -363,6 +373,7 @@ class World(OnPremFill, BurstFill):
                             self.policy.spot.restart_overhead.total_seconds())
             # The queue reports how long the job ran before: its wait so far excludes it.
             job.domain = replace(job.domain, ran_s=job.domain.ran_s + now - job.start_s)
+            self._columns.changed()  # (and keep_checkpoint's new time limit)
             job.restarts += 1
             self._leave_burst_nodes(job, now)
             job.attempt += 1
@@ -376,8 +387,8 @@ class World(OnPremFill, BurstFill):
 
     def queue(self) -> PoolQueue:
         """The pool's queue as a queue source reports it (pending jobs, on-prem capacity)."""
-        if self._pending_tuple is None:
-            self._pending_tuple = tuple(j.domain for j in self.pending.values())
+        if self._pending_tuple is None:  # as columns, as a queue source hands them over
+            self._pending_tuple = self._columns.pending(self.pending)
         version, free = self._free_cache
         if version != self.onprem.version:
             free = self.onprem.free_per_node()

@@ -91,7 +91,7 @@ def test_run_metrics_reconcile_with_the_trace():
     assert policy_run["idle_burst_cost_usd"] <= policy_run["cloud_cost_usd"]
     assert 0 < policy_run["burst_utilisation"] <= 1
     assert (sum(policy_run["decisions_by_rule"].values())
-            == policy_run["plans"] + policy_run["idle_ticks"])
+            == policy_run["plans"] + policy_run["idle_ticks"] + policy_run["slept_ticks"])
     assert policy_run["projects"]["cluster10"]["jobs"] == len(SAMPLE.jobs)
 
 
@@ -111,7 +111,7 @@ def test_sleeping_through_an_empty_world_changes_no_result():
     jobs = trace(("a", 0, 600, 8), ("b", 10, 600, 4), ("c", 50_000, 900, 8), ("d", 50_000, 900, 8))
     results = []
     for sleep in (True, False):
-        engine = run_with(lambda p: PolicyController(p, "s", sleep_when_idle=sleep,
+        engine = run_with(lambda p, sleep=sleep: PolicyController(p, "s", sleep_when_idle=sleep,
                                                      idle_ticks=IdleMode.PLAN), policy, jobs)
         results.append((
             [(j.trace.job_id, j.wait_s, j.where, j.end_s) for j in engine.world.jobs],

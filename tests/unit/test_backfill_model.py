@@ -9,8 +9,14 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.planner.backfill import (BackfillConfig, NodeSpace, PendingJob, backfill_pass,
-                                           fifo_pass)
+from orchestrator.planner.backfill import (
+    BackfillConfig,
+    NodeSpace,
+    PendingJob,
+    backfill_pass,
+    earliest_window,
+    fifo_pass,
+)
 
 
 def space(nodes: int, per_node: int, running: list[tuple[int, float, int]], now: float = 0.0):
@@ -101,3 +107,83 @@ def test_a_pass_never_overcommits_a_node_nor_delays_a_reservation(running, pendi
             assert (job.key in started) != (job.key in result.planned)
             if job.key in result.planned:
                 assert 0 < result.planned[job.key] < math.inf
+
+
+def _reference_earliest(s: NodeSpace, gpus: int, limit: float):
+    """What ``NodeSpace.earliest`` answered before it read each node only up to the best start
+    found so far and kept the whole-node windows: every node's first window, the best by
+    (start, room, node); a wide job by the sweep over every node's windows."""
+    if gpus > s.node_size:
+        size, need = s.node_size, math.ceil(gpus / s.node_size)
+        if sum(1 for x in s.sizes if x == size) < need:
+            return None
+        events = []
+        for node, node_size in enumerate(s.sizes):
+            if node_size != size:
+                continue
+            times, frees = s.times[node], s.frees[node]
+            k, n = 0, len(times)
+            while k < n:
+                if frees[k] != size:
+                    k += 1
+                    continue
+                j = k
+                while j + 1 < n and frees[j + 1] == size:
+                    j += 1
+                opens, closes = times[k], (times[j + 1] if j + 1 < n else math.inf)
+                if closes - limit >= opens:
+                    events += [(opens, 0, node), (closes - limit, 1, node)]
+                k = j + 1
+        events.sort()
+        open_nodes: set[int] = set()
+        for when, kind, node in events:
+            if kind == 0:
+                open_nodes.add(node)
+                if len(open_nodes) >= need:
+                    return when, tuple((i, s.sizes[i]) for i in sorted(open_nodes)[:need])
+            else:
+                open_nodes.discard(node)
+        return None
+    best = None
+    for node, size in enumerate(s.sizes):
+        if size < gpus:
+            continue
+        start = earliest_window(s.times[node], s.frees[node], gpus, limit)
+        if start is None:
+            continue
+        room = s.frees[node][s.times[node].index(start)]
+        if best is None or (start, room, node) < best:
+            best = (start, room, node)
+    return None if best is None else (best[0], ((best[2], gpus),))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([4, 4, 4, 8]), min_size=1, max_size=8),
+       st.lists(st.tuples(st.integers(0, 7), st.sampled_from([0.0, 10.0, 25.0, 40.0, 90.0]),
+                          st.integers(1, 4)), max_size=14),
+       st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]),
+                          st.sampled_from([5.0, 10.0, 30.0, 60.0, math.inf])), max_size=12))
+def test_earliest_answers_as_the_plain_scan_of_every_node(sizes, running, jobs):
+    # A cluster of mixed node sizes; jobs placed one after the other at their earliest start
+    # (as the wait model reserves), each answer checked against the plain scan, copies included.
+    free = list(sizes)
+    ends = []
+    for node, end, gpus in running:
+        node %= len(sizes)
+        gpus = min(gpus, free[node])
+        if gpus:
+            free[node] -= gpus
+            ends.append((node, end, gpus))
+    s = NodeSpace(sizes, free, ends, 0.0)
+    for gpus, limit in jobs:
+        expected = _reference_earliest(s, gpus, limit)
+        assert s.earliest(gpus, limit) == expected
+        copy = s.copy()
+        if expected is not None:
+            s.hold(expected[1], expected[0], limit)
+        assert copy.earliest(gpus, limit) == expected  # (a copy is not changed by holds on s)
+        before = ([list(t) for t in s.times], [list(f) for f in s.frees])
+        other = copy.copy()
+        if expected is not None:  # nor is s by holds on a copy of its copy
+            other.hold(expected[1], expected[0], limit)
+        assert (s.times, s.frees) == before
