@@ -70,6 +70,7 @@ from orchestrator.planner.demand import (
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
 from orchestrator.planner import staging
+from orchestrator.planner.spare_room import SpareAdmit, busy_nodes, keep_onprem
 from orchestrator.planner.spot import SpotChooser
 from orchestrator.planner.scaledown import plan_scale_down
 from orchestrator.planner.placement import (
@@ -172,6 +173,9 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     admit = (NodeAdmitter(Admission(policy, books, now, held_now), nodes)
              if held_now is not None else None)
     demand = absorb(queue, nodes, policy, census, admit)
+    if (demand.burst_absorbed and queue is not None and policy.trigger.spare_room.enabled
+            and policy.trigger.wait_slo is not None):
+        demand, admit = _spared(demand, queue, nodes, policy, census, admit, snapshot, now)
     if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
         demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
@@ -186,6 +190,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             split = _spot_early(split, demand.unmet, policy, snapshot, now)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
+        if policy.trigger.spare_room.enabled and split.deferred:
+            split = replace(split, spare=keep_onprem(
+                split.deferred, nodes, snapshot.burst_runs,
+                policy.trigger.spare_room.max_extension, now))
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
@@ -497,6 +505,19 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
         return ""
     problem = node_space_problem(queue)
     return "nodes" if problem is None else f"pooled ({problem})"
+
+
+def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
+            census: Census, admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
+            ) -> tuple[Demand, NodeAdmitter | SpareAdmit | None]:
+    """Absorption again, refusing a job on a ready burst node it would lengthen beyond its share
+    (``trigger.spare_room``, :class:`.spare_room.SpareAdmit`), where a ready node has room; the
+    demand and the admitter to read it with."""
+    busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now)}
+    if not any(n.gpus_busy < n.gpus for n in nodes if n.id in busy):
+        return demand, admit
+    spare = SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
+    return absorb(queue, nodes, policy, census, spare), spare  # type: ignore[arg-type]
 
 
 def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
