@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,7 @@ from orchestrator.planner.demand import (
     first_projects,
     gpus_by_project,
     gpus_of,
+    ordered,
 )
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
@@ -510,12 +512,22 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
 def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
             census: Census, admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
             ) -> tuple[Demand, NodeAdmitter | SpareAdmit | None]:
-    """Absorption again, refusing a job on a ready burst node it would lengthen beyond its share
-    (``trigger.spare_room``, :class:`.spare_room.SpareAdmit`), where a ready node has room; the
-    demand and the admitter to read it with."""
-    busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now)}
-    if not any(n.gpus_busy < n.gpus for n in nodes if n.id in busy):
+    """Absorption again, refusing a job on a burst node it would lengthen beyond its share
+    (``trigger.spare_room``, :class:`.spare_room.SpareAdmit`), where a node has room (ready with
+    GPUs free, or booting); the demand and the admitter to read it with."""
+    if not any(n.state.in_flight or (n.state is NodeState.READY and n.gpus_busy < n.gpus)
+               for n in nodes):
         return demand, admit
+    wanted = {j for n in nodes if n.state.in_flight for j in n.launched_for}
+    launched: dict[str, float | None] = {}
+    if wanted:  # the runtimes of the jobs the booting nodes are for
+        columns = ordered(queue.pending, policy).columns
+        durations = columns.duration_s
+        for index, job_id in enumerate(columns.ids):
+            if job_id in wanted:
+                runtime = float(durations[index])
+                launched[job_id] = None if math.isnan(runtime) else runtime
+    busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now, launched)}
     spare = SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
     return absorb(queue, nodes, policy, census, spare), spare  # type: ignore[arg-type]
 

@@ -22,22 +22,24 @@ only where ``max_extension`` is 1 and the nodes hold exactly its GPUs.
 
 The decision lists the kept jobs (at most :data:`MAX_KEPT`, in scheduling order: a job past
 that is not kept) and records, for the first :data:`RECORDED` of them, why: the runtime, the node
-time a node of each size may add for it, and on how many of the ready burst nodes that hold it
-it may start when room frees there (their running work lasts long enough). Jobs the split bursts
+time a node of each size may add for it, and on how many of the burst nodes that hold it (up,
+or booting for other jobs) it may start when room frees there (their work lasts long enough). Jobs the split bursts
 (due or waiting) are not touched: the rule changes which node a kept job may start on, never
 which jobs are burst, so no job is predicted later than without it.
 
-A job the planner would count as absorbed by a ready burst node's spare room never reaches the
-split; so, with the rule on, absorption asks :class:`SpareAdmit` about ready nodes: a job that
-would lengthen the node beyond its share is not absorbed there, and the split decides about it
-(kept if on-prem starts it within the SLO; else burst as any unmet job).
+A job the planner would count as absorbed by a burst node's spare room never reaches the split;
+so, with the rule on, absorption asks :class:`SpareAdmit` about each node: a job that would
+lengthen the node beyond its share is not absorbed there, and the split decides about it (kept
+if on-prem starts it within the SLO; else burst as any unmet job). A node still booting is busy
+for the longest of the jobs it was launched for (they take it first when it is up).
 
 Pure: ``now`` is an argument; the nodes and their runs come from the snapshot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -46,6 +48,7 @@ from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.pending import JobsView
 from orchestrator.domain.snapshot import BurstRun
 
+INF = math.inf
 MAX_KEPT = 1000  # kept jobs listed per decision (in scheduling order)
 RECORDED = 20  # kept jobs recorded with their reasons per decision
 
@@ -67,8 +70,8 @@ def wide_allowed(gpus: int, nodes: int, node_gpus: int, max_extension: float) ->
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """A ready burst node: its GPUs, and for how long its running work keeps it busy from now
-    (0: idle; inf: a run of unknown duration)."""
+    """A burst node: its GPUs, and for how long its work keeps it busy from now (0: idle; inf:
+    work of unknown duration)."""
 
     node: str
     gpus: int
@@ -124,15 +127,29 @@ class KeptOnPrem:
                 "only where they lengthen its bill by at most their share (trigger.spare_room)")
 
 
-def busy_nodes(nodes: Iterable[Node], runs: Iterable[BurstRun], now: datetime) -> list[Busy]:
-    """The ready burst nodes and how long their running jobs keep them busy."""
+def busy_nodes(nodes: Iterable[Node], runs: Iterable[BurstRun], now: datetime,
+               launched: Mapping[str, float | None] | None = None) -> list[Busy]:
+    """The burst nodes up or on their way, and how long their work keeps them busy: a ready
+    node's running jobs; a node still booting, the longest of the pending jobs it was launched
+    for (``launched``: their runtimes by id; unknown: for ever), as those take it first."""
     busy: dict[str, float] = {}
     for run in runs:
-        left = (float("inf") if run.duration_s is None
+        left = (INF if run.duration_s is None
                 else (run.started_at - now).total_seconds() + float(run.duration_s))
         if left > busy.get(run.node_id, 0.0):
             busy[run.node_id] = left
-    return [Busy(n.id, n.gpus, busy.get(n.id, 0.0)) for n in nodes if n.state is NodeState.READY]
+    out = []
+    for n in nodes:
+        if n.state is NodeState.READY:
+            out.append(Busy(n.id, n.gpus, busy.get(n.id, 0.0)))
+        elif n.state.in_flight:
+            longest = 0.0
+            for job_id in n.launched_for:
+                if launched is not None and job_id in launched:
+                    runtime = launched[job_id]
+                    longest = max(longest, INF if runtime is None else float(runtime))
+            out.append(Busy(n.id, n.gpus, longest))
+    return out
 
 
 def may_join(job: Job, node: Busy, max_extension: float) -> bool:
