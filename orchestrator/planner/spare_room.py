@@ -76,6 +76,7 @@ class Busy:
     node: str
     gpus: int
     busy_for_s: float
+    launched_for: frozenset[str] = frozenset()  # (booting) the jobs it was launched for
 
 
 class SpareAdmit:
@@ -87,6 +88,7 @@ class SpareAdmit:
     runtime and the node, so absorption's cache of refusals by (project, width, runtime) holds."""
 
     quotas_only = False
+    checks_wide = True  # absorption asks about each whole node a wide job would take
 
     def __init__(self, busy: dict[str, Busy], max_extension: float, base=None):
         self.busy = busy
@@ -103,9 +105,18 @@ class SpareAdmit:
 
     def __call__(self, job: Job, node_id: str | None) -> bool:
         node = self.busy.get(node_id) if node_id is not None else None
-        if node is not None and not may_join(job, node, self.max_extension):
-            return False
-        return self.base is None or self.base(job, node_id)
+        if node is not None and job.id not in node.launched_for:
+            if job.gpus > node.gpus:  # one of the whole nodes of a wide job
+                nodes = -(-job.gpus // node.gpus)
+                if not wide_allowed(job.gpus, nodes, node.gpus, self.max_extension):
+                    return False
+            elif not may_join(job, node, self.max_extension):
+                return False
+        if self.base is None:
+            return True
+        if job.gpus > node_gpus_of(node):
+            return True  # (absorption never asked the base about wide jobs)
+        return self.base(job, node_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +159,12 @@ def busy_nodes(nodes: Iterable[Node], runs: Iterable[BurstRun], now: datetime,
                 if launched is not None and job_id in launched:
                     runtime = launched[job_id]
                     longest = max(longest, INF if runtime is None else float(runtime))
-            out.append(Busy(n.id, n.gpus, longest))
+            out.append(Busy(n.id, n.gpus, longest, frozenset(n.launched_for)))
     return out
+
+
+def node_gpus_of(node: Busy | None) -> float:
+    return INF if node is None else node.gpus
 
 
 def may_join(job: Job, node: Busy, max_extension: float) -> bool:

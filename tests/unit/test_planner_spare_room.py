@@ -187,3 +187,29 @@ def test_the_rule_keeps_only_jobs_on_prem_starts_in_time(specs, releases, nodes,
         assert all(r["job"] in spare["kept"] for r in spare["records"])
     # (Where a ready node has room, the jobs refused it join the split and can hold on-prem
     # GPUs in the model, so other jobs' predicted starts may move: not claimed unchanged.)
+
+
+def test_absorption_refuses_a_burst_nodes_room_to_a_kept_job_that_would_outlast_it() -> None:
+    # Two idle ready 4-GPU burst nodes: an 8-GPU ten-hour job the model starts on-prem at +10m
+    # would take them both for ten hours. Counted as covered by them it would never reach the
+    # split; with the rule absorption refuses it, and the split keeps it for on-prem.
+    wide = make_job("wide", gpus=8, wait=2 * M, duration_s=10 * 3600)
+    idle = [make_node(f"n{k}", offering=make_offering("g4", gpus=4, price=4)) for k in range(2)]
+    snapshot = _snapshot([wide], [0, 0], [(0, 4, T0 + 10 * M), (1, 4, T0 + 10 * M)], nodes=idle)
+    slurm = {"queue": {"source": "slurm"}}  # (a fabric that spans nodes)
+
+    def policy(spare):
+        extra = {} if spare is None else {"spare_room": spare}
+        return make_policy(trigger={"wait_slo": "30m", "expected_boot": "5m",
+                                    "wait_model": "nodes", **extra},
+                           pool={"onprem": {"nodes": 2, "gpus_per_node": 4}},
+                           offerings=OFFERINGS, **slurm)
+
+    plain = plan(snapshot, [policy(None)], T0).decisions[0]
+    assert "wait_aware" not in plain.inputs  # absorbed by the idle nodes: no unmet job
+    kept = plan(snapshot, [policy({"enabled": True, "max_extension": 0.0})], T0).decisions[0]
+    assert kept.inputs["wait_aware"]["spare_room"]["kept"] == ["wide"]
+    # With max_extension 1 the exact fit (8 GPUs on two 4-GPU nodes) costs no more than its own
+    # nodes would: allowed, so it is absorbed as before.
+    fits = plan(snapshot, [policy({"enabled": True, "max_extension": 1.0})], T0).decisions[0]
+    assert "wait_aware" not in fits.inputs
