@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -73,10 +74,12 @@ from orchestrator.planner.demand import (
     first_projects,
     gpus_by_project,
     gpus_of,
+    ordered,
 )
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.horizon import holds_until
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
+from orchestrator.planner.spare_room import SpareAdmit, busy_nodes, keep_onprem
 from orchestrator.planner.placement import (
     MULTI_NODE,
     NO_INTERCONNECT,
@@ -178,6 +181,9 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     admit = (NodeAdmitter(Admission(policy, books, now, held_now), nodes)
              if held_now is not None else None)
     demand = absorb(queue, nodes, policy, census, admit)
+    if (demand.burst_absorbed and queue is not None and policy.trigger.spare_room.enabled
+            and policy.trigger.wait_slo is not None):
+        demand, admit = _spared(demand, queue, nodes, policy, census, admit, snapshot, now)
     if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
         demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
@@ -192,6 +198,10 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             split = _spot_early(split, demand.unmet, policy, snapshot, now)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
+        if policy.trigger.spare_room.enabled and split.deferred:
+            split = replace(split, spare=keep_onprem(
+                split.deferred, nodes, snapshot.burst_runs,
+                policy.trigger.spare_room.max_extension, now))
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
@@ -507,6 +517,29 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
         return ""
     problem = node_space_problem(queue)
     return "nodes" if problem is None else f"pooled ({problem})"
+
+
+def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
+            census: Census, admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
+            ) -> tuple[Demand, NodeAdmitter | SpareAdmit | None]:
+    """Absorption again, refusing a job on a burst node it would lengthen beyond its share
+    (``trigger.spare_room``, :class:`.spare_room.SpareAdmit`), where a node has room (ready with
+    GPUs free, or booting); the demand and the admitter to read it with."""
+    if not any(n.state.in_flight or (n.state is NodeState.READY and n.gpus_busy < n.gpus)
+               for n in nodes):
+        return demand, admit
+    wanted = {j for n in nodes if n.state.in_flight for j in n.launched_for}
+    launched: dict[str, float | None] = {}
+    if wanted:  # the runtimes of the jobs the booting nodes are for
+        columns = ordered(queue.pending, policy).columns
+        durations = columns.duration_s
+        for index, job_id in enumerate(columns.ids):
+            if job_id in wanted:
+                runtime = float(durations[index])
+                launched[job_id] = None if math.isnan(runtime) else runtime
+    busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now, launched)}
+    spare = SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
+    return absorb(queue, nodes, policy, census, spare), spare  # type: ignore[arg-type]
 
 
 def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,

@@ -168,6 +168,7 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
     burst_size = burst.node_size
     onprem_place, burst_place = onprem.place, burst.place
     spans = spans_nodes(policy)
+    wide_check = admit is not None and getattr(admit, "checks_wide", False)
     rows = order.order
     stop = len(rows)  # from here on nothing is free anywhere: the rest is all unmet
     own: OwnPlacement | None = None  # the quota cut's placements from ``stop`` on
@@ -199,8 +200,15 @@ def absorb(queue: PoolQueue | None, nodes: list[Node], policy: Policy,
             used = None
             if burst.total and gpus > burst_size and spans:
                 # A fabric that spans nodes (Slurm, torch elastic) starts a wide job on whole
-                # free nodes: those of its launch group while they boot.
-                used = burst_place(gpus)
+                # free nodes: those of its launch group while they boot. (An admitter that asks
+                # to, trigger.spare_room's, is asked about each of them.)
+                if wide_check:
+                    job = job_at(rows_list[index])
+                    peeked = burst.peek(gpus)
+                    if peeked and all(admit(job, owners[i]) for i in peeked):  # type: ignore[misc]
+                        used = burst_place(gpus)
+                else:
+                    used = burst_place(gpus)
             elif burst.total and gpus <= burst_size:
                 if admit is None:
                     used = burst_place(gpus)

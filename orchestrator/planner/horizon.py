@@ -15,7 +15,8 @@ limits held back by (its summary and the elapsed times in its inputs move on). I
 for a tick that acted on nothing and left the memory as it was; :data:`FOREVER` where nothing
 read depends on the clock. It is conservative: whatever reads the clock in a way not bounded here
 (budgets, whose spend moves with time; a pre-warm floor; spot chosen by expected cost; data
-staging, which weighs predicted waits; the forecast of a tick that bursts or covers jobs, which
+staging, which weighs predicted waits; ``trigger.spare_room``, whose kept jobs the burst
+dispatcher reads off each plan; the forecast of a tick that bursts or covers jobs, which
 the decision records) gives None: plan again at the next tick.
 
 The bounds, each the first instant it could change something:
@@ -74,6 +75,10 @@ def holds_until(policy: Policy, snapshot: Snapshot, now: datetime, *, census: Ce
         return None  # it acts, or its memory moves: the next tick is another answer
     if (policy.budgets or policy.spot.by_expected_cost or "burst_wait" in recorded
             or "staging" in recorded or "prewarm" in recorded or snapshot.prewarm):
+        return None
+    if policy.trigger.spare_room.enabled:
+        # The jobs it keeps off spare room are read off each plan by the burst dispatcher, and
+        # which nodes' bills a job would lengthen moves with the clock: no claim.
         return None
     if demand.ordered and staging.applies(policy, demand.ordered):
         return None

@@ -21,7 +21,8 @@ passed is always due, so a wrong prediction cannot hold a job back forever.
 With ``trigger.wait_model: nodes`` the starts are predicted node by node with Slurm's backfill
 model instead, and ``trigger.displacement`` may burst cheaper queued jobs so that a dearer one
 keeps its on-prem start (:mod:`.wait_nodes`); with ``trigger.learn_boot`` the boot allowed is the
-learned one (:mod:`.boot`). The pooled rule is what runs with neither.
+learned one (:mod:`.boot`); with ``trigger.spare_room`` the deferred jobs are listed as kept off
+burst nodes' spare room where they would lengthen a node's bill (:mod:`.spare_room`). The pooled rule is what runs with neither.
 
 Pure: no clock, no I/O; ``now`` is an argument. A job without an expected runtime holds its GPUs
 to the end of the simulated horizon; a running job past its expected end frees at once.
@@ -50,6 +51,7 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import JobsView, to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.boot import BootChoice
+from orchestrator.planner.spare_room import KeptOnPrem
 from orchestrator.planner.wait_nodes import node_space_problem, split_on_nodes
 from orchestrator.policy.models import Policy, WaitModel
 
@@ -73,6 +75,7 @@ class WaitSplit:
     # How long (s from now) the same snapshot planned a whole number of minutes later splits the
     # same way (inf: for ever; 0: no claim): see "Until when the split holds" above.
     holds_s: float = math.inf
+    spare: KeptOnPrem | None = None  # trigger.spare_room: the deferred jobs kept off spare room
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
@@ -99,6 +102,9 @@ class WaitSplit:
             out["displaced"] = list(self.displaced)
         if policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds is not None:
             out["spot_early_jobs"] = self.spot_early
+        if trigger.spare_room.enabled:
+            out["spare_room"] = (self.spare.inputs() if self.spare is not None
+                                 else KeptOnPrem((), (), trigger.spare_room.max_extension).inputs())
         return out
 
     def text(self) -> str:
@@ -113,6 +119,8 @@ class WaitSplit:
         if self.deferred:
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
                          "(predicted to start within wait_slo)")
+        if self.spare is not None and self.spare.kept:
+            parts.append(self.spare.text())
         if self.waiting:
             at = self.earliest_burst_at.isoformat().replace("+00:00", "Z")  # type: ignore[union-attr]
             parts.append(f"{len(self.waiting)} late job(s) to burst from {at}")

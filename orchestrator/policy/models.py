@@ -88,6 +88,26 @@ class Displacement(PolicyModel):
         return self
 
 
+class SpareRoom(PolicyModel):
+    """Which jobs may take a burst node's spare room: a job the wait-aware rule keeps queued
+    for on-prem (predicted to start there within wait_slo) starts on a burst node only where
+    that lengthens the node's bill by little, so a long job does not keep a node alive for days
+    that would otherwise have been drained."""
+
+    enabled: bool = Field(default=False, description="Keep the jobs predicted to start on-prem "
+                          "within wait_slo off burst nodes where they would lengthen a node's "
+                          "bill by more than max_extension of their share of it.")
+    max_extension: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="How much longer a kept job may make a burst node run, as a fraction of the "
+        "job's share of that node over its runtime (its GPUs / the node's GPUs x its runtime): 0 "
+        "only where the node's running work outlasts the job; 1 where the added node time costs "
+        "no more than the job's own GPU-hours at the node's per-GPU price (what bursting it on a "
+        "node of its own size would). A job wider than one node takes whole free nodes, whose "
+        "whole runtime is added: it may only with 1 and an exact fit.",
+    )
+
+
 class OnPrem(PolicyModel):
     """The on-prem capacity of the pool: what is used before any cloud node."""
 
@@ -200,6 +220,11 @@ class Trigger(PolicyModel):
         description="Which jobs to burst: displace cheaper queued jobs so that a dearer one keeps "
         "its on-prem start (needs wait_slo and wait_model: nodes).",
     )
+    spare_room: SpareRoom = Field(
+        default_factory=SpareRoom,
+        description="Which jobs may take a burst node's spare room: the jobs kept for on-prem "
+        "(wait_slo) only where they lengthen the node's bill by little (needs wait_slo).",
+    )
 
     @model_validator(mode="after")
     def _wait_rules(self) -> Trigger:
@@ -212,6 +237,9 @@ class Trigger(PolicyModel):
         if self.displacement.enabled and (self.wait_slo is None
                                           or self.wait_model is not WaitModel.NODES):
             raise field_problem("displacement", "enabled needs wait_slo set and wait_model: nodes")
+        if self.spare_room.enabled and self.wait_slo is None:
+            raise field_problem("spare_room", "enabled needs wait_slo set (the jobs it keeps are "
+                                "those the wait-aware rule keeps queued for on-prem)")
         return self
 
 

@@ -219,6 +219,7 @@ class PolicyController(Controller):
             engine.counters.plan_wall_s += perf_counter() - began
             engine.counters.plans += 1
             engine.world.staging_held = _staging_held(plan)
+            engine.world.keep_spare(_spare_kept(plan), now)
             report = engine.executor.execute(plan)
             engine.settle(report)
             acted = acted or any(not isinstance(a, Hold) for a in plan.actions)
@@ -397,6 +398,16 @@ def _check_holds(plan, before: PolicyMemory | None, now: float, holds: _Holds) -
             f"{holds.planned_s:.0f} s ({holds.rule}, held back by {holds.held_back}), the plan "
             f"differs: {decision.rule}: {decision.summary}; {len(acts)} action(s), held back by "
             f"{decision.held_back_by}; memory {before} -> {memory}")
+
+
+def _spare_kept(plan) -> frozenset[str]:
+    """Jobs the decision keeps for on-prem under ``trigger.spare_room``: the world's burst
+    dispatcher starts them only where they lengthen a node's bill by little (sim.sparefill)."""
+    kept: set[str] = set()
+    for decision in plan.decisions:
+        spare = (decision.inputs.get("wait_aware") or {}).get("spare_room") or {}
+        kept.update(spare.get("kept") or ())
+    return frozenset(kept)
 
 
 def _staging_held(plan) -> frozenset[str]:

@@ -14,7 +14,7 @@ Free GPUs are indexed by how many are free, so a placement costs O(node size), n
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...)
 
@@ -85,6 +85,13 @@ class GpuPool:
             if by_free[room]:
                 return True
         return False
+
+    def with_room(self, gpus: int) -> Iterator[int]:
+        """The nodes with at least ``gpus`` free, best fit first (least free, then lowest
+        index)."""
+        by_free = self._by_free
+        for room in range(max(gpus, 1), len(by_free)):
+            yield from by_free[room]
 
     def place(self, gpus: int, avoid: frozenset[int] = frozenset()) -> Allocation | None:
         """Place a job of ``gpus``, on no node in ``avoid``; the allocation, or None if it does

@@ -49,6 +49,7 @@ from orchestrator.sim.simjob import (
     at,
     seconds,
 )
+from orchestrator.sim.sparefill import SpareFill
 from orchestrator.sim.traces import TraceJob
 
 # (Re-exported: the engine, the replay, the benches and tests import these from here.)
@@ -56,7 +57,7 @@ __all__ = ["DEFAULT_PROJECT", "DONE", "EPOCH", "PENDING", "RUNNING", "Backfill",
            "at", "seconds"]
 
 
-class World(OnPremFill, BurstFill):
+class World(OnPremFill, BurstFill, SpareFill):
     """Jobs, the on-prem pool, the ready burst nodes, and the fabric port over them."""
 
     name = "sim"
@@ -144,6 +145,14 @@ class World(OnPremFill, BurstFill):
         # Set by a policy controller at every plan: jobs the decision keeps off burst nodes
         # (staging their data would outlast their on-prem wait); burst dispatch skips them.
         self.staging_held: frozenset[str] = frozenset()
+        # Set by a policy controller at every plan (trigger.spare_room, keep_spare): jobs kept
+        # for on-prem, which start on burst nodes only where they lengthen a node's bill by
+        # little (orchestrator.sim.sparefill), and when that plan was; how many times a kept job
+        # was passed over for that.
+        self.spare_on = policy.trigger.spare_room.enabled
+        self.spare_kept: frozenset[str] = frozenset()
+        self.spare_planned_at = -math.inf
+        self.spare_passed_over = 0
         # Runs on burst nodes, for spend by work (whose job, on whose node, when):
         # [project, node id, GPUs, start s, end s or None]; open ones by job index.
         self.burst_runs: list[list] = []
@@ -204,7 +213,9 @@ class World(OnPremFill, BurstFill):
                 reserved = self._fill_launched_for(admission, now, started) if self._claims else ()
                 if reserved:
                     self.burst.take(reserved)  # kept for a launch group still booting
-                if admission is None:
+                if admission is None and self.spare_on:
+                    self._fill_sparing(now, started)
+                elif admission is None:
                     self._fill(self.burst, self._burst_q, "burst", now, started)
                 else:
                     self._fill_admitted(admission, now, started)
