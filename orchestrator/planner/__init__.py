@@ -75,6 +75,7 @@ from orchestrator.planner.demand import (
     gpus_by_project,
     gpus_of,
     ordered,
+    unmet_hours,
 )
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.horizon import holds_until
@@ -608,8 +609,14 @@ def _rank(candidates: list[Candidate], options: list[OfferingOption], demand: De
     if not demand.unmet:  # nothing to pack: every option at 0 nodes, ranked by hourly price (memoized)
         options.extend(resolved_.idle_options)
         return list(resolved_.by_price)
-    priced = price_options(demand.unmet, candidates, widths=demand.unmet_widths,
-                           hours=demand.unmet_hours)
+    widths, hours, unmet = demand.unmet_widths, demand.unmet_hours, demand.unmet
+    if isinstance(unmet, JobsView):  # untallied (the split narrowed it): counted on the columns
+        if widths is None:  # (nodes_needed reads the widths in its own order)
+            values, counts = np.unique(unmet.column("gpus"), return_counts=True)
+            widths = Counter(dict(zip(values.tolist(), counts.tolist())))
+        if hours is None:
+            hours = unmet_hours(unmet)
+    priced = price_options(unmet, candidates, widths=widths, hours=hours)
     options.extend(priced)
     order = {o.offering_key: i for i, o in enumerate(priced)}
     return sorted(candidates, key=lambda c: order[c.key])

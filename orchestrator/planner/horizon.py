@@ -86,8 +86,8 @@ def holds_until(policy: Policy, snapshot: Snapshot, now: datetime, *, census: Ce
     if split is not None:
         if split.holds_s <= 0:
             return None
-        if split.holds_s < math.inf:
-            bound.at(now + timedelta(seconds=split.holds_s))
+        if split.holds_s < math.inf:  # (in whole microseconds, rounded down: never later)
+            bound.at(now + timedelta(microseconds=math.floor(split.holds_s * 1e6)))
     trigger = policy.trigger
     if not fired:
         bound.at(_fires_at(policy, demand))
