@@ -23,6 +23,14 @@ work) up to ``now``:
   open bucket's provisional lines then lag by up to an hour; final lines are unchanged (they
   are written only by a roll-up that moves the mark, which reads every run as it is then).
   The spend report and the roll-up task roll every node (no ``skip_fresh``).
+* The two clock-driven reasons (a bucket becoming final, a new hour bucket) fall on the same
+  instant for every live node: hour buckets are the clock's hours. Each node takes them
+  :func:`spread_lag` later (0 to :data:`ROLL_SPREAD`, fixed per node id), so a tick over 10,000
+  live nodes rolls up a thirtieth of them at 10-second ticks, not all of them twice an hour.
+  Event-driven reasons (a run started or ended, the node ended) are never delayed: a budget
+  must see an ended node's end, and the lag only delays when a closed bucket's lines become
+  final (by at most ROLL_SPREAD past SETTLE) and where provisional lines sit, not what spend
+  totals (price x time past the reach covers the rest).
 
 Jobs that ran on a burst node of a policy declaring ``storage`` also get an ``egress`` line (data
 staged in, checkpoints brought back; :mod:`orchestrator.costs.egress`).
@@ -37,6 +45,7 @@ on-prem lines are written for pools that set it, and burst usage lines carry its
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -68,6 +77,19 @@ DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum
 # Lines per transaction of the batched writer: a roll-up of 10,000 live nodes (30,000-40,000
 # lines) is one; a first roll-up of days of backlog is several, each whole.
 BATCH_LINES = 200_000
+# How far the tick's clock-driven roll-ups of live nodes are spread (the module docstring): at
+# 10-second ticks, thirty ticks share what would otherwise be one tick's roll-up of every node.
+ROLL_SPREAD = timedelta(minutes=5)
+
+
+def spread_lag(node_id: str, spread: timedelta = ROLL_SPREAD) -> timedelta:
+    """How long after the hour (or after the hour plus SETTLE) the tick rolls ``node_id`` up
+    for the clock alone: fixed per node id (CRC-32, the same in every process and on every
+    controller), spread evenly over ``spread``."""
+    whole_ms = int(spread / timedelta(milliseconds=1))
+    if whole_ms <= 0:
+        return timedelta(0)
+    return timedelta(milliseconds=zlib.crc32(node_id.encode()) % whole_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +215,13 @@ def _only_clock_moved(node: LedgerNode, jobs: Iterable[JobUsage], now: datetime,
         # reach: price x time past the reach is not what it costs by now.
         return False
     start = node.mark or hour_floor(node.launched)
-    if hour_floor(now - settle) > start:
+    # The clock-driven reasons, this node's lag later (spread_lag: not every node at one tick).
+    lag = spread_lag(node.node_id)
+    if hour_floor(now - settle - lag) > start:
         return False  # a bucket becomes final: the mark moves
     # The bucket its last line is in (a reach on the hour ends the bucket before: the one that
     # starts there has no line yet).
-    if hour_floor(now) > hour_floor(reach - _US):
+    if hour_floor(now - lag) > hour_floor(reach - _US):
         return False
     return all(job.start <= reach and (job.end is None or job.end <= reach) for job in jobs)
 

@@ -1,7 +1,9 @@
 """The tick's roll-up leaves live nodes for which only the clock moved (``skip_fresh``): on
 generated histories, on real stores, a store rolled up that way at every tick and one rolled up
-in full at the same ticks hold the same final lines and marks at every tick, budgets' spend
-within a second's price per live node, and, after one full roll-up, the same ledger."""
+in full at the same ticks agree at every tick: every final line of the first is the second's,
+its marks are where the second's were at most ``ROLL_SPREAD`` earlier (a node's clock-driven
+roll-up comes ``spread_lag`` after the hour) and no later than the second's now, budgets' spend
+within a second's price per live node; and, after one full roll-up, the same ledger."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.costs.ledger import roll_up
+from orchestrator.costs.ledger import ROLL_SPREAD, roll_up, spread_lag
 from orchestrator.costs.spend import spend
 from orchestrator.store import Store
 from tests.builders import POOL, T0
@@ -66,12 +68,20 @@ def test_a_tick_roll_up_keeps_final_lines_and_spend_of_a_full_one(store: Store, 
         rng = random.Random(seed)
         tick, skipped = first, 0
         window = {"since": T0 - 24 * H, "until": T0 + 48 * H}
+        history: list = []  # (tick, the full store's marks then)
         while tick < first + 3 * H:
             fresh = roll_up(store, policies, tick, skip_fresh=True)
             whole = roll_up(full, policies, tick)
             skipped += whole.nodes - fresh.nodes
-            assert _lines(store, final_only=True) == _lines(full, final_only=True)
-            assert store.ledger_marks() == full.ledger_marks()
+            full_final = _lines(full, final_only=True)
+            assert all(full_final.get(k) == v
+                       for k, v in _lines(store, final_only=True).items())
+            marks, full_marks = store.ledger_marks(), full.ledger_marks()
+            history.append((tick, full_marks))
+            assert all(mark <= full_marks[subject] for subject, mark in marks.items())
+            then = [m for t, m in history if t <= tick - ROLL_SPREAD]
+            for subject, mark in (then[-1] if then else {}).items():
+                assert marks.get(subject) is not None and marks[subject] >= mark, subject
             gap = abs(spend(store, now=tick, **window) - spend(full, now=tick, **window))
             assert gap <= live * Decimal("0.03")  # a second of the dearest node, each
             tick += timedelta(seconds=rng.choice([10, 10, 60, 7 * 60, 20 * 60]))
@@ -81,3 +91,15 @@ def test_a_tick_roll_up_keeps_final_lines_and_spend_of_a_full_one(store: Store, 
         assert _lines(store) == _lines(full)
     finally:
         full.close()
+
+
+def test_spread_lag_is_fixed_per_node_and_spread_over_the_window() -> None:
+    lags = [spread_lag(f"burst-{i:05d}") for i in range(3000)]
+    assert lags == [spread_lag(f"burst-{i:05d}") for i in range(3000)]
+    assert all(timedelta(0) <= lag < ROLL_SPREAD for lag in lags)
+    # Roughly even: each fifth of the window holds a fifth of the nodes (3000 / 5 = 600).
+    fifths = [0] * 5
+    for lag in lags:
+        fifths[int(lag / ROLL_SPREAD * 5)] += 1
+    assert all(480 < count < 720 for count in fifths), fifths
+    assert spread_lag("any", timedelta(0)) == timedelta(0)
