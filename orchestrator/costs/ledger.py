@@ -60,11 +60,13 @@ from orchestrator.costs.attribution import (
 )
 from orchestrator.costs.egress import egress_lines
 from orchestrator.domain.costs import JobUsage
+from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.offerings import BillingRule, Offering
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
+from orchestrator.store.accrual import epoch_us, from_us
 from orchestrator.store.base import require_aware
-from orchestrator.store.ledger import ONPREM_SUBJECT, LedgerNode
+from orchestrator.store.ledger import ONPREM_SUBJECT, FreshNode, FreshTest, LedgerNode
 from orchestrator.store.ledger_batch import LedgerWrite, Written
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ SETTLE = timedelta(minutes=5)  # a closed bucket stays provisional this long (la
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 DEFAULT_BILLING = BillingRule()  # per second, one-minute minimum
+_TERMINATED = NodeState.TERMINATED.value
 # Lines per transaction of the batched writer: a roll-up of 10,000 live nodes (30,000-40,000
 # lines) is one; a first roll-up of days of backlog is several, each whole.
 BATCH_LINES = 200_000
@@ -141,21 +144,28 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     skipped: list[str] = []
 
     batch = _Batch(store, now)
-    candidates = store.ledger_candidates(only_policies)
-    launched = [n for n in candidates if n.launched is not None]
+    # With skip_fresh, a live node whose own facts say only the clock moved comes as its row
+    # (FreshNode): most of them are left below, and making each a LedgerNode cost more than
+    # the rest of a tick's roll-up.
+    candidates = store.ledger_candidates(
+        only_policies, _clock_only_test(now, settle, billing) if skip_fresh else None)
+    launched = [n for n in candidates if isinstance(n, FreshNode) or n.launched is not None]
     usages: dict[str, list[JobUsage]] = {}
     for node in candidates:
-        if node.launched is None and node.state.is_terminal:
+        if isinstance(node, LedgerNode) and node.launched is None and node.state.is_terminal:
             # Never launched (the provider refused, or it failed first): it cost nothing.
             batch.add(LedgerWrite(node.node_id, (), since=node.state_since,
                                   mark=node.state_since))
     if launched:
-        since = min(n.mark or n.launched for n in launched)  # type: ignore[type-var]
+        since = from_us(min(_since_us(n) for n in launched))
         usages = store.burst_job_usages([n.node_id for n in launched], since)
-    for node in launched:
-        if skip_fresh and _only_clock_moved(node, usages.get(node.node_id, ()), now, settle,
-                                            billing.get(node.offering_key, DEFAULT_BILLING)):
-            continue
+    for item in launched:
+        if isinstance(item, FreshNode):
+            if _runs_within(usages.get(item.node_id, ()), item.reach_us):
+                continue  # only the clock moved: left as it is
+            node = store.ledger_node(item.row)
+        else:
+            node = item
         try:
             write = _node_write(node, usages.get(node.node_id, []), rates, billing, now,
                                 settle, movers.get(node.policy))
@@ -202,28 +212,57 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     return RollupResult(nodes, pools, written, deleted, tuple(skipped))
 
 
-def _only_clock_moved(node: LedgerNode, jobs: Iterable[JobUsage], now: datetime,
-                      settle: timedelta, rule: BillingRule) -> bool:
-    """Whether rolling ``node`` up at ``now`` would only extend its open bucket's provisional
-    lines to ``now`` (see ``skip_fresh`` in the module docstring)."""
-    reach = node.reach
-    if (reach is None or node.launched is None or node.ended is not None
-            or node.state.is_terminal or reach > now):
-        return False
-    if rule.increment_s > 1 or reach - node.launched < timedelta(seconds=rule.minimum_s):
-        # Its last bucket's minimum line was billed up to an increment or the minimum past its
-        # reach: price x time past the reach is not what it costs by now.
-        return False
-    start = node.mark or hour_floor(node.launched)
-    # The clock-driven reasons, this node's lag later (spread_lag: not every node at one tick).
-    lag = spread_lag(node.node_id)
-    if hour_floor(now - settle - lag) > start:
-        return False  # a bucket becomes final: the mark moves
-    # The bucket its last line is in (a reach on the hour ends the bucket before: the one that
-    # starts there has no line yet).
-    if hour_floor(now - lag) > hour_floor(reach - _US):
-        return False
-    return all(job.start <= reach and (job.end is None or job.end <= reach) for job in jobs)
+_HOUR_US = 3_600_000_000  # (UTC hours: the epoch is on one)
+
+
+def _since_us(node: LedgerNode | FreshNode) -> int:
+    if isinstance(node, FreshNode):
+        return node.since_us
+    return epoch_us(node.mark or node.launched)  # type: ignore[arg-type]
+
+
+def _clock_only_test(now: datetime, settle: timedelta, billing: Mapping[str, BillingRule]
+                     ) -> FreshTest:
+    """Whether rolling a node up at ``now`` would only extend its open bucket's provisional lines
+    to ``now``, by the node's own facts (see ``skip_fresh`` in the module docstring); its runs
+    are checked after (:func:`_runs_within`). Times in whole microseconds since the epoch."""
+    now_us, settle_us = epoch_us(now), settle // _US
+    spread_ms = int(ROLL_SPREAD / timedelta(milliseconds=1))
+    crc32 = zlib.crc32
+
+    def fresh(node_id: str, offering_key: str, state: str, mark_us: int | None,
+              reach_us: int | None, launched_us: int | None, ended_us: int | None) -> bool:
+        if (reach_us is None or launched_us is None or ended_us is not None
+                or state == _TERMINATED or reach_us > now_us):
+            return False
+        rule = billing.get(offering_key, DEFAULT_BILLING)
+        if rule.increment_s > 1 or reach_us - launched_us < rule.minimum_s * 1_000_000:
+            # Its last bucket's minimum line was billed up to an increment or the minimum past
+            # its reach: price x time past the reach is not what it costs by now.
+            return False
+        start_us = launched_us - launched_us % _HOUR_US if mark_us is None else mark_us
+        # The clock-driven reasons, this node's lag later (spread_lag: not every node at one
+        # tick). (Hour floors inline: x - x % hour; this runs for every live node each tick.)
+        lag_us = crc32(node_id.encode()) % spread_ms * 1000 if spread_ms > 0 else 0
+        moment = now_us - settle_us - lag_us
+        if moment - moment % _HOUR_US > start_us:
+            return False  # a bucket becomes final: the mark moves
+        # The bucket its last line is in (a reach on the hour ends the bucket before: the one
+        # that starts there has no line yet).
+        moment, last = now_us - lag_us, reach_us - 1
+        return moment - moment % _HOUR_US <= last - last % _HOUR_US
+
+    return fresh
+
+
+def _runs_within(jobs: Iterable[JobUsage], reach_us: int) -> bool:
+    """Whether every run on a node started, and every ended one ended, by its reach."""
+    reach: datetime | None = None
+    for job in jobs:
+        reach = reach or from_us(reach_us)
+        if job.start > reach or (job.end is not None and job.end > reach):  # type: ignore[operator]
+            return False
+    return True
 
 
 def _node_write(node: LedgerNode, jobs: list[JobUsage],

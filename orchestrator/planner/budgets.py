@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
@@ -60,7 +61,13 @@ def usd(value: float | Decimal) -> Decimal:
     """A float amount as the Decimal it was written as (``repr`` round-trips it exactly)."""
     if isinstance(value, Decimal):
         return value
-    return Decimal(repr(float(value)))
+    return _usd_of_float(float(value))
+
+
+@lru_cache(maxsize=4096)
+def _usd_of_float(value: float) -> Decimal:
+    # A site's nodes share a few prices: 10,000 live nodes convert a handful of floats.
+    return Decimal(repr(value))
 
 
 def budget_key(policy: str, budget: str) -> str:
@@ -145,6 +152,14 @@ def outstanding_of(state: NodeState, commit_usd: float, price_usd_hour: float,
     """:func:`outstanding_usd` of a node's few fields (what budget status reads of the store)."""
     if not state.counts_toward_limits:
         return _ZERO
+    if price_usd_hour >= 0 and commit_usd <= 0:
+        return _ZERO  # no commitment: max(commit - accrued, 0) with accrued >= 0
+    if state is not NodeState.REQUESTED and price_usd_hour >= 0:
+        age_s = (now - created_at).total_seconds()
+        # Accrued well past the commitment in floats (a relative error of ~1e-15, far inside this
+        # margin) is past it in Decimals too: nothing is outstanding. Most live nodes are.
+        if price_usd_hour * age_s > commit_usd * 3600.0 * (1.0 + 1e-9) + 1e-6:
+            return _ZERO
     accrued = _ZERO if state is NodeState.REQUESTED else usd(price_usd_hour) * usd(
         max((now - created_at).total_seconds(), 0.0)) / _HOUR
     return max(usd(commit_usd) - accrued, _ZERO)

@@ -19,7 +19,7 @@ Times are passed in, never read from a clock.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,6 +102,24 @@ class LedgerNode:
 
 
 @dataclass(frozen=True, slots=True)
+class FreshNode:
+    """A live node a roll-up's ``fresh`` test passed on its own facts (:meth:`Ledger.
+    ledger_candidates`): left as the driver's row, made a :class:`LedgerNode` only if the caller
+    asks (:meth:`Ledger.ledger_node`). At 10,000 live nodes a tick leaves nearly all of them."""
+
+    node_id: str
+    reach_us: int  # how far its lines reach
+    since_us: int  # its mark, or its launch where it has none: its runs from here matter
+    row: tuple
+
+
+# fresh(node_id, offering_key, state, mark_us, reach_us, launched_us, ended_us): whether a node's
+# own facts say only the clock moved for it (times in whole microseconds since the epoch; None
+# where unknown).
+FreshTest = Callable[[str, str, str, "int | None", "int | None", "int | None", "int | None"], bool]
+
+
+@dataclass(frozen=True, slots=True)
 class CostSums:
     """Sums of the cost lines of one group (money in micro-dollars)."""
 
@@ -175,10 +193,12 @@ class Ledger(StoreBase):
 
     # -- what to roll up ---------------------------------------------------------------------------
 
-    def ledger_candidates(self, policies: Collection[str] | None = None) -> list[LedgerNode]:
+    def ledger_candidates(self, policies: Collection[str] | None = None,
+                          fresh: FreshTest | None = None) -> list[LedgerNode | FreshNode]:
         """Nodes whose ledger is not final through their end: every node not yet terminated, and
         terminated nodes whose mark does not reach their termination (or that have none).
-        ``policies``: only nodes of these policies."""
+        ``policies``: only nodes of these policies. ``fresh``: a node it passes comes as a
+        :class:`FreshNode` (its row, not made into a LedgerNode)."""
         n, m, reach = T.nodes.c, T.ledger_marks.c, accrual.ledger_reach.c
         query = (
             sa.select(n.id, n.policy, n.pool, n.provider, n.offering_key, n.instance_type,
@@ -199,20 +219,40 @@ class Ledger(StoreBase):
             # node without one (written around add_node) has its events grouped here.
             rows = driver_rows(conn, query)
             spans = _spans(conn, [r[0] for r in rows if r[14] is None])
-        out = []
-        for (node_id, policy, pool, provider, offering_key, instance_type, market, gpus, price,
-             project, state, state_since, mark, covered, kept, launched_us, ended_us) in rows:
-            if kept is None:
-                launched, ended = spans.get(node_id, (None, None))
-            else:
-                launched, ended = accrual.from_us(launched_us), accrual.from_us(ended_us)
-            out.append(LedgerNode(
-                node_id=node_id, policy=policy, pool=pool, provider=provider,
-                offering_key=offering_key, instance_type=instance_type, market=market,
-                gpus=gpus, price_usd_hour=price, project=project, state=_STATES[state],
-                state_since=utc(state_since), launched=launched, ended=ended, mark=utc(mark),
-                reach=accrual.from_us(covered)))
+        out: list[LedgerNode | FreshNode] = []
+        marks: dict[Any, int] = {}  # marks are whole hours: a few distinct values among many rows
+        for row in rows:
+            mark, covered, kept, launched_us = row[12], row[13], row[14], row[15]
+            if fresh is not None and kept is not None and launched_us is not None:
+                mark_us = None
+                if mark is not None:
+                    mark_us = marks.get(mark)
+                    if mark_us is None:
+                        mark_us = marks[mark] = accrual.epoch_us(utc(mark))  # type: ignore[arg-type]
+                if fresh(row[0], row[4], row[10], mark_us, covered, launched_us, row[16]):
+                    out.append(FreshNode(row[0], covered, launched_us if mark_us is None
+                                         else mark_us, row))
+                    continue
+            out.append(self.ledger_node(row, spans))
         return out
+
+    @staticmethod
+    def ledger_node(row: tuple, spans: Mapping[str, tuple[datetime | None, datetime | None]]
+                    | None = None) -> LedgerNode:
+        """The :class:`LedgerNode` of a row of :meth:`ledger_candidates` (``spans``: launch and
+        end by node, for a node without a ledger reach row)."""
+        (node_id, policy, pool, provider, offering_key, instance_type, market, gpus, price,
+         project, state, state_since, mark, covered, kept, launched_us, ended_us) = row
+        if kept is None:
+            launched, ended = (spans or {}).get(node_id, (None, None))
+        else:
+            launched, ended = accrual.from_us(launched_us), accrual.from_us(ended_us)
+        return LedgerNode(
+            node_id=node_id, policy=policy, pool=pool, provider=provider,
+            offering_key=offering_key, instance_type=instance_type, market=market,
+            gpus=gpus, price_usd_hour=price, project=project, state=_STATES[state],
+            state_since=utc(state_since), launched=launched, ended=ended, mark=utc(mark),
+            reach=accrual.from_us(covered))
 
     def ledger_mark(self, subject: str) -> datetime | None:
         """How far ``subject``'s lines are final (None: nothing is)."""

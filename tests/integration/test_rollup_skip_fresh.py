@@ -103,3 +103,24 @@ def test_spread_lag_is_fixed_per_node_and_spread_over_the_window() -> None:
         fifths[int(lag / ROLL_SPREAD * 5)] += 1
     assert all(480 < count < 720 for count in fifths), fifths
     assert spread_lag("any", timedelta(0)) == timedelta(0)
+
+
+def test_the_tick_test_uses_each_nodes_spread_lag() -> None:
+    # The roll-up's integer test and spread_lag agree on every node's lag: a node is due for its
+    # new hour bucket exactly from the hour plus its lag.
+    from orchestrator.costs.ledger import _clock_only_test
+    from orchestrator.store.accrual import epoch_us
+
+    hour = T0.replace(minute=0, second=0, microsecond=0) + H
+    for i in range(50):
+        node_id = f"burst-{i:03d}"
+        lag = spread_lag(node_id)
+        reach = epoch_us(hour - M)
+
+        def due(at, node_id=node_id, reach=reach) -> bool:
+            fresh = _clock_only_test(at, timedelta(minutes=5), {})
+            return not fresh(node_id, "k", "ready", epoch_us(hour - H), reach,
+                             epoch_us(hour - 2 * H), None)
+
+        assert not due(hour + lag - timedelta(milliseconds=1))
+        assert due(hour + lag)

@@ -9,6 +9,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from orchestrator.domain import BillingRule, NodeState
 from orchestrator.planner.budgets import (
@@ -16,6 +18,7 @@ from orchestrator.planner.budgets import (
     commitment_usd,
     grade_in_force,
     job_runtime_s,
+    outstanding_of,
     outstanding_usd,
     used_percent,
     window_bounds,
@@ -193,6 +196,27 @@ def test_outstanding_commitment_of_live_nodes() -> None:
     assert outstanding_usd(gone, T0) == 0
     legacy = make_node("n5", created_at=T0)  # launched before commitments were recorded
     assert outstanding_usd(legacy, T0) == 0
+
+
+_PRICES = st.floats(-5.0, 200.0, allow_nan=False) | st.sampled_from([0.0, 4.1, 32.77, 98.32])
+_COMMITS = st.floats(-1.0, 500.0, allow_nan=False) | st.sampled_from([0.0, 13.333334, 7.5])
+
+
+@given(st.sampled_from(list(NodeState)), _COMMITS, _PRICES,
+       st.floats(-3600.0, 400_000.0, allow_nan=False) | st.sampled_from([0.0, 1800.0, 3600.0]))
+def test_outstanding_of_is_the_exact_decimal_sum_whatever_its_shortcuts(
+        state: NodeState, commit: float, price: float, age_s: float) -> None:
+    # The shortcuts (no commitment; accrued past it by a float margin) give the exact answer:
+    # max(commit - price x age, 0) in Decimals, 0 for states that do not count.
+    created = T0 - timedelta(seconds=age_s)
+    got = outstanding_of(state, commit, price, created, T0)
+    if not state.counts_toward_limits:
+        assert got == 0
+        return
+    accrued = (Decimal(0) if state is NodeState.REQUESTED else
+               Decimal(repr(price)) * Decimal(repr(max((T0 - created).total_seconds(), 0.0)))
+               / Decimal(3600))
+    assert got == max(Decimal(repr(commit)) - accrued, Decimal(0))
 
 
 # -- the shipped examples --------------------------------------------------------------------------
