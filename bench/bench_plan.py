@@ -91,6 +91,9 @@ def floor_ms(snapshot: Snapshot, repeat: int) -> float:
 
 
 def main() -> None:
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--profile", action="store_true",

@@ -43,6 +43,9 @@ def _timed(run) -> tuple[dict, float, float]:
 
 
 def main() -> None:
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", default="itp")
     parser.add_argument("--policy", default=str(DEFAULT_POLICY_PATH),

@@ -503,6 +503,9 @@ def measure_api(env: dict, url: str, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pending", type=int, default=100_000)
     ap.add_argument("--nodes", type=int, default=10_000)

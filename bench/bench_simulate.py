@@ -44,6 +44,9 @@ POLICIES = [("default", DEFAULT_POLICY_PATH), ("itp-default", HERE / "policies" 
 
 
 def main() -> None:
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", default="itp")
     parser.add_argument("--days", type=float, default=None, help="only jobs submitted in the first N days")

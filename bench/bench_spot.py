@@ -42,6 +42,9 @@ RUNS = ("itp-ondemand", "itp-spot", "itp-spot-first")
 
 
 def main() -> None:
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", default="itp")
     parser.add_argument("--days", type=float, default=None)

@@ -17,7 +17,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import Celery
+from celery.signals import worker_init
 
+from orchestrator.gctune import tune_gc
 from orchestrator.tick import PRUNE_EVERY
 from orchestrator.wiring import Settings
 
@@ -85,6 +87,13 @@ def create_celery(settings: Settings, policy_names: list[str] | None = None) -> 
         worker_hijack_root_logger=False,
     )
     return app
+
+
+@worker_init.connect
+def _tune_worker_gc(**_kwargs: object) -> None:
+    # A worker however started (burst worker, celery -A ... worker): the collector's thresholds
+    # of burst's processes (orchestrator.gctune), set before the pool forks its children.
+    tune_gc()
 
 
 app = create_celery(Settings())

@@ -94,6 +94,9 @@ def main() -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+    from orchestrator.gctune import tune_gc
+
+    tune_gc()  # the collector's thresholds for a process of burst's size (orchestrator.gctune)
     try:
         # prog_name: usage lines and shell completion (_BURST_COMPLETE) say `burst` however the
         # entry point was started (console script, `python -m`, `python -c`).
