@@ -467,7 +467,7 @@ def measure_api(env: dict, url: str, args: argparse.Namespace) -> None:
         store.close()
     port = _free_port()
     env = {**env, "BURST_API_HOST": "127.0.0.1", "BURST_API_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import app; app()",
+    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
                              "api"], env=env, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {admin}"}

@@ -168,13 +168,31 @@ def pending_by_pool(raw: Sequence[Sequence[Any]], dialect: str) -> dict[str, Poo
 
 def _submitted_us(values: Sequence[Any], dialect: str) -> np.ndarray | Sequence[Any]:
     """Microseconds since the epoch of the driver's submit times (SQLite: naive UTC text, which
-    ``numpy.datetime64`` reads in one call; text it cannot read is parsed per value)."""
+    ``numpy.datetime64`` reads in one call, text it cannot read parsed per value; PostgreSQL:
+    the integers :func:`_pending_select` asked the server for)."""
+    if isinstance(values[0], int):
+        return np.asarray(values, dtype=np.int64)
     if dialect != "sqlite" or not isinstance(values[0], str):
         return values  # datetimes: PendingColumns reads them (aware ones by timestamp())
     try:
         return np.array(values, dtype="datetime64[us]").astype(np.int64)
     except ValueError:
         return [utc(v) for v in values]
+
+
+def _pending_select(dialect: str) -> sa.Select:
+    """The pending rows' query, in service order. On PostgreSQL the submit time comes as whole
+    microseconds since the epoch, worked out by the server (exact: ``EXTRACT`` gives a numeric):
+    making 100,000 aware datetimes in the driver and reading each back by ``timestamp()`` cost a
+    third of the read."""
+    c = T.jobs.c
+    columns: list[Any] = [c[name] for name in PENDING_COLUMNS]
+    if dialect == "postgresql":
+        at = PENDING_COLUMNS.index("submitted_at")
+        columns[at] = sa.cast(sa.func.round(sa.extract("epoch", c.submitted_at) * 1_000_000),
+                              sa.BigInteger).label("submitted_us")
+    return (sa.select(*columns).where(c.state == JobState.PENDING.value)
+            .order_by(c.priority.desc(), c.submitted_at, c.id))
 
 
 class QueueReads(StoreBase):
@@ -184,11 +202,8 @@ class QueueReads(StoreBase):
         """Pending jobs (service order: priority highest first, then submission, then id) and
         running jobs (light rows, by id), in one transaction."""
         require_aware(at, "at")
-        c = T.jobs.c
-        pending_q = (sa.select(*(c[name] for name in PENDING_COLUMNS))
-                     .where(c.state == JobState.PENDING.value)
-                     .order_by(c.priority.desc(), c.submitted_at, c.id))
         with self._read() as conn:
+            pending_q = _pending_select(conn.dialect.name)
             # Straight through the driver: the statement's typed result processing costs more
             # per row than reading the row (the one typed pending column, the submit time, is
             # parsed as a whole column: SQLite gives naive UTC text, PostgreSQL an aware

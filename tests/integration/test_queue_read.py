@@ -172,3 +172,19 @@ def test_a_nodes_claim_reads_the_fitting_jobs_in_the_planners_order(store: Store
         assert got == [j.id for j in scheduling_order(pending, policy) if j.gpus <= max_gpus]
     assert store.pending_that_fit(POOL, 8, {}, 0, limit=500) == store.jobs(
         states=[JobState.PENDING], pool=POOL)
+
+
+def test_submit_times_to_the_microsecond_read_as_submitted(store: Store) -> None:
+    """The read's submit times (PostgreSQL: whole microseconds worked out by the server) are
+    the submitted ones to the microsecond, far in the future and just after the epoch too."""
+    from datetime import UTC, datetime
+
+    moments = [T0 + timedelta(microseconds=123_457), T0 + timedelta(seconds=59, microseconds=999_999),
+               datetime(2099, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+               datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC)]
+    for i, at in enumerate(moments):
+        store.submit_job("cv", POOL, 1 + i, 0, 60.0, None, at)
+    jobs = [j for pool in store.queue_read(T0).pending_jobs().values() for j in pool]
+    assert sorted(j.submitted_at for j in jobs) == sorted(moments)
+    assert {j.id: j.submitted_at for j in jobs} == {
+        r.id: r.submitted_at for r in store.jobs(states=[JobState.PENDING])}
