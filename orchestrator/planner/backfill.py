@@ -30,7 +30,8 @@ Times are plain seconds on the caller's clock. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
+from heapq import heappop, heappush
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -74,6 +75,8 @@ class NodeSpace:
     (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
 
     __slots__ = (
+        "_dirty",
+        "_opens",
         "_own",
         "_whole",
         "_widest",
@@ -113,10 +116,13 @@ class NodeSpace:
 
     @classmethod
     def of_steps(cls, sizes: Sequence[int], times: list[list[float]], frees: list[list[int]],
-                 now: float) -> NodeSpace:
+                 now: float, whole: list[list[tuple[float, float]] | None] | None = None
+                 ) -> NodeSpace:
         """The space whose step functions are given (each node's ``times`` from ``now`` on,
         strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
-        from the running jobs' ends, built by a caller that keeps them grouped by node."""
+        from the running jobs' ends, built by a caller that keeps them grouped by node.
+        ``whole``: each node's windows of being entirely free, where the caller knows them
+        (None: unknown, found when read)."""
         space = cls.__new__(cls)
         space.sizes = list(sizes)
         space.now = now
@@ -124,6 +130,8 @@ class NodeSpace:
         space.times = times
         space.frees = frees
         space._settle()
+        if whole is not None:
+            space._whole = whole
         return space
 
     def _settle(self) -> None:
@@ -133,6 +141,13 @@ class NodeSpace:
         # until a hold changes the node (what a wide job's sweep reads); and those nodes.
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
         self._widest = [i for i, size in enumerate(self.sizes) if size == self.node_size]
+        # Every widest node's windows as (opens, node, closes), sorted, once a wide job asked
+        # (None before): a sweep reads them in order and stops at the first start, which is
+        # nearly always among the first few, so keeping them sorted (the nodes a hold changed,
+        # ``_dirty``, re-sorted in at the next sweep) is what spares sorting them per job.
+        # While it is kept, ``_whole[node]`` is what it holds of the node.
+        self._opens: list[tuple[float, int, float]] | None = None
+        self._dirty: set[int] = set()
         # Whether each node's step lists are this space's own (False: shared with a copy, and
         # copied by the first hold on the node).
         self._own = [True] * len(self.sizes)
@@ -150,6 +165,8 @@ class NodeSpace:
         new.free_nodes = set(self.free_nodes)
         new._whole = list(self._whole)
         new._widest = self._widest
+        new._opens = None if self._opens is None else list(self._opens)
+        new._dirty = set(self._dirty)
         new._own = [False] * len(self.sizes)
         self._own = [False] * len(self.sizes)
         return new
@@ -224,33 +241,52 @@ class NodeSpace:
 
     def _earliest_whole(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
         """Whole nodes: the first time enough nodes are all free for the whole limit (a sweep
-        over each node's windows of being entirely free)."""
+        over each node's windows of being entirely free, in order of opening: at one instant,
+        windows open in node order before any closes; the first ``need`` open win)."""
         size = self.node_size
         need = math.ceil(gpus / size)
         if len(self._widest) < need:
             return None
-        events: list[tuple[float, int, int]] = []  # (time, +1 opens / -1 closes after, node)
-        whole = self._whole
-        for node in self._widest:
-            windows = whole[node]
-            if windows is None:
-                windows = whole[node] = _whole_windows(self.times[node], self.frees[node], size)
-            for opens, closes in windows:
-                last = closes - limit_s  # the latest start that still ends by ``closes``
-                if last >= opens:
-                    events.append((opens, 0, node))  # opens sort before closes at one time
-                    events.append((last, 1, node))
-        events.sort()
-        open_nodes: set[int] = set()
-        for when, kind, node in events:
-            if kind == 0:
-                open_nodes.add(node)
-                if len(open_nodes) >= need:
-                    chosen = sorted(open_nodes)[:need]
-                    return when, tuple((i, self.sizes[i]) for i in chosen)
-            else:
-                open_nodes.discard(node)
+        opens = self._windows()
+        live: list[tuple[float, int]] = []  # (latest start that ends in time, node): open now
+        for when, node, closes in opens:
+            last = closes - limit_s  # the latest start that still ends by ``closes``
+            if not last >= when:  # (too short; also NaN: an endless job in an endless window)
+                continue
+            while live and live[0][0] < when:  # closed before this opens
+                heappop(live)
+            heappush(live, (last, node))
+            if len(live) >= need:  # (== need: one opens at a time)
+                return when, tuple((i, self.sizes[i]) for i in sorted(n for _, n in live))
         return None
+
+    def _windows(self) -> list[tuple[float, int, float]]:
+        """Every widest node's windows of being entirely free, sorted (``_opens``), brought up
+        to date with the holds since the last sweep."""
+        whole, size = self._whole, self.node_size
+        opens = self._opens
+        if opens is None:
+            opens = []
+            for node in self._widest:
+                windows = whole[node]
+                if windows is None:
+                    windows = whole[node] = _whole_windows(self.times[node], self.frees[node],
+                                                           size)
+                opens.extend([(o, node, c) for o, c in windows])
+            opens.sort()
+            self._opens = opens
+            self._dirty.clear()
+        elif self._dirty:
+            for node in self._dirty:
+                if self.sizes[node] != size:
+                    continue
+                for o, c in whole[node] or ():  # (an entry is unique: one window per instant)
+                    del opens[bisect_left(opens, (o, node, c))]
+                windows = whole[node] = _whole_windows(self.times[node], self.frees[node], size)
+                for o, c in windows:
+                    insort(opens, (o, node, c))
+            self._dirty.clear()
+        return opens
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -258,7 +294,10 @@ class NodeSpace:
         """Take the allocation's GPUs from ``start`` for ``limit_s`` (a start or a reservation)."""
         end = start + limit_s
         for node, gpus in allocation:
-            self._whole[node] = None
+            if self._opens is None:
+                self._whole[node] = None
+            else:  # (its windows leave the sorted ones at the next sweep)
+                self._dirty.add(node)
             if not self._own[node]:  # shared with a copy: this space's own lists first
                 self.times[node] = list(self.times[node])
                 self.frees[node] = list(self.frees[node])
@@ -276,20 +315,23 @@ class NodeSpace:
 
 def _whole_windows(times: list[float], frees: list[int], size: int
                    ) -> list[tuple[float, float]]:
-    """The windows (opens, closes) in which a node of ``size`` GPUs is entirely free."""
+    """The windows (opens, closes) in which a node of ``size`` GPUs is entirely free (runs of
+    steps found by ``list.index``, C-level: most nodes have one run, at the end)."""
     windows = []
+    n = len(frees)
     k = 0
-    n = len(times)
-    while k < n:
-        if frees[k] != size:
-            k += 1
-            continue
-        j = k
-        while j + 1 < n and frees[j + 1] == size:
+    while True:
+        try:
+            k = frees.index(size, k)
+        except ValueError:
+            return windows
+        j = k + 1
+        while j < n and frees[j] == size:
             j += 1
-        windows.append((times[k], times[j + 1] if j + 1 < n else INF))
+        windows.append((times[k], times[j] if j < n else INF))
+        if j >= n:
+            return windows
         k = j + 1
-    return windows
 
 
 def _step(times: list[float], t: float) -> int:

@@ -176,7 +176,10 @@ class _Space:
         now_us = self.now_us
         all_times: list[list[float]] = []
         all_frees: list[list[int]] = []
-        for free, ends in zip(self.free, self.grouped):
+        # Each node's windows of being entirely free: releases only add free GPUs, up to the
+        # node's size, so a node is entirely free from its first step at its size on, for good.
+        whole: list[list[tuple[float, float]] | None] = []
+        for free, ends, size in zip(self.free, self.grouped, self.sizes):
             times = [0.0]
             frees = [free]
             for end_us, gpus in ends:
@@ -188,7 +191,8 @@ class _Space:
                     frees.append(frees[-1] + gpus)
             all_times.append(times)
             all_frees.append(frees)
-        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0)
+            whole.append([(times[frees.index(size)], INF)] if frees[-1] == size else [])
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, whole)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],

@@ -187,3 +187,6 @@ def test_earliest_answers_as_the_plain_scan_of_every_node(sizes, running, jobs):
         if expected is not None:  # nor is s by holds on a copy of its copy
             other.hold(expected[1], expected[0], limit)
         assert (s.times, s.frees) == before
+        for wide in (8, 16):  # the copies' kept windows follow their own holds
+            assert other.earliest(wide, limit) == _reference_earliest(other, wide, limit)
+            assert copy.earliest(wide, limit) == _reference_earliest(copy, wide, limit)
