@@ -116,13 +116,14 @@ class NodeSpace:
 
     @classmethod
     def of_steps(cls, sizes: Sequence[int], times: list[list[float]], frees: list[list[int]],
-                 now: float, whole: list[list[tuple[float, float]] | None] | None = None
-                 ) -> NodeSpace:
+                 now: float, whole: list[list[tuple[float, float]] | None] | None = None,
+                 opens: list[tuple[float, int, float]] | None = None) -> NodeSpace:
         """The space whose step functions are given (each node's ``times`` from ``now`` on,
         strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
         from the running jobs' ends, built by a caller that keeps them grouped by node.
         ``whole``: each node's windows of being entirely free, where the caller knows them
-        (None: unknown, found when read)."""
+        (None: unknown, found when read); ``opens``: with ``whole``, those of the nodes of the
+        widest size as (opens, node, closes), sorted."""
         space = cls.__new__(cls)
         space.sizes = list(sizes)
         space.now = now
@@ -132,6 +133,7 @@ class NodeSpace:
         space._settle()
         if whole is not None:
             space._whole = whole
+            space._opens = opens
         return space
 
     def _settle(self) -> None:

@@ -52,6 +52,7 @@ from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.backfill import INF, Allocation, NodeSpace
+from orchestrator.planner.node_shape import shape
 from orchestrator.policy.models import Displacement
 
 MAX_TRIES = 8  # late jobs tried for displacement per tick (each try rebuilds the space a few times)
@@ -102,40 +103,6 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     return problem
 
 
-# The last node sizes and release ends read, with the two tuples they were read from:
-# consecutive plans of an unchanged on-prem pool read the same ones.
-_last_shape: list = [None, None, None, None]
-
-
-def _shape(queue: PoolQueue) -> tuple[list[int], list[list[tuple[int, int]]]]:
-    """The nodes' sizes, and each node's releases as (expected end in µs since the epoch, GPUs),
-    by end."""
-    per = queue.onprem.free_per_node
-    releases = queue.onprem_releases
-    if _last_shape[0] is per and _last_shape[1] is releases:
-        return _last_shape[2], _last_shape[3]
-    sizes = _sizes(queue)
-    grouped: list[list[tuple[int, int]]] = [[] for _ in per]
-    for release in releases:
-        grouped[release.node].append((to_us(release.ends_at), release.gpus))  # type: ignore[index]
-    for ends in grouped:
-        ends.sort()
-    _last_shape[:] = [per, releases, sizes, grouped]
-    return sizes, grouped
-
-
-def _sizes(queue: PoolQueue) -> list[int]:
-    per = queue.onprem.free_per_node
-    n = len(per)
-    held = [0] * n
-    for release in queue.onprem_releases:
-        held[release.node] += release.gpus  # type: ignore[index]
-    if queue.onprem.total_gpus % n == 0:
-        even = queue.onprem.total_gpus // n
-        return [max(even, f + h) for f, h in zip(per, held)]
-    return [f + h for f, h in zip(per, held)]
-
-
 def _length(job: Job) -> float:
     return INF if job.duration_s is None else max(float(job.duration_s), 1.0)
 
@@ -145,7 +112,7 @@ class _Space:
     then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes, self.grouped = _shape(queue)
+        self.sizes, self.grouped = shape(queue)
         self.free = queue.onprem.free_per_node
         self.now_us = to_us(now)
         self.absorbed = absorbed
@@ -179,7 +146,9 @@ class _Space:
         # Each node's windows of being entirely free: releases only add free GPUs, up to the
         # node's size, so a node is entirely free from its first step at its size on, for good.
         whole: list[list[tuple[float, float]] | None] = []
-        for free, ends, size in zip(self.free, self.grouped, self.sizes):
+        opens: list[tuple[float, int, float]] = []  # those of the widest nodes, sorted
+        widest = max(self.sizes, default=0)
+        for node, (free, ends, size) in enumerate(zip(self.free, self.grouped, self.sizes)):
             times = [0.0]
             frees = [free]
             for end_us, gpus in ends:
@@ -191,8 +160,15 @@ class _Space:
                     frees.append(frees[-1] + gpus)
             all_times.append(times)
             all_frees.append(frees)
-            whole.append([(times[frees.index(size)], INF)] if frees[-1] == size else [])
-        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, whole)
+            if frees[-1] == size:
+                opens_at = times[frees.index(size)]
+                whole.append([(opens_at, INF)])
+                if size == widest:
+                    opens.append((opens_at, node, INF))
+            else:
+                whole.append([])
+        opens.sort()
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, whole, opens)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],
