@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from heapq import heappop, heappush
+from itertools import count
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +77,7 @@ class NodeSpace:
 
     __slots__ = (
         "_dirty",
+        "_smallest",
         "_opens",
         "_own",
         "_whole",
@@ -137,6 +139,7 @@ class NodeSpace:
         return space
 
     def _settle(self) -> None:
+        self._smallest = min(self.sizes, default=0)
         self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
         self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
         # Per node of the widest size, its windows of being entirely free (opens, closes), kept
@@ -161,6 +164,7 @@ class NodeSpace:
         new.sizes = self.sizes
         new.now = self.now
         new.node_size = self.node_size
+        new._smallest = self._smallest
         new.times = list(self.times)
         new.frees = list(self.frees)
         new.free_total = self.free_total
@@ -189,12 +193,22 @@ class NodeSpace:
             return self._earliest_whole(gpus, limit_s)
         best_start, best_room, best_node = INF, 0, -1
         all_times, all_frees = self.times, self.frees
-        for node, size in enumerate(self.sizes):
-            if size < gpus:
-                continue
-            times, frees = all_times[node], all_frees[node]
+        if self._smallest >= gpus:  # (every node holds it: no size to look at)
+            nodes: Iterable[tuple[int, list[float], list[int]]] = zip(
+                count(), all_times, all_frees)
+        else:
+            nodes = ((node, all_times[node], all_frees[node])
+                     for node, size in enumerate(self.sizes) if size >= gpus)
+        for node, times, frees in nodes:
+            # Every node's first step is now, where few are free enough on a busy cluster: such
+            # a node is left at once when its next step is past the best start found.
+            if frees[0] < gpus:
+                if len(times) == 1 or times[1] > best_start:
+                    continue
+                k = 1
+            else:
+                k = 0
             n = len(times)
-            k = 0
             while k < n:
                 start = times[k]
                 if start > best_start:

@@ -47,6 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import count
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import to_us
@@ -148,19 +149,23 @@ class _Space:
         whole: list[list[tuple[float, float]] | None] = []
         opens: list[tuple[float, int, float]] = []  # those of the widest nodes, sorted
         widest = max(self.sizes, default=0)
-        for node, (free, ends, size) in enumerate(zip(self.free, self.grouped, self.sizes)):
+        for node, free, ends, size in zip(count(), self.free, self.grouped, self.sizes):
             times = [0.0]
             frees = [free]
+            level = free  # free GPUs after the releases so far
+            last = 0.0  # the last step's time
             for end_us, gpus in ends:
                 end = (end_us - now_us) / 1e6
-                if end <= times[-1]:  # (ended already, or at the previous end: one step)
-                    frees[-1] += gpus
+                level += gpus
+                if end <= last:  # (ended already, or at the previous end: one step)
+                    frees[-1] = level
                 else:
                     times.append(end)
-                    frees.append(frees[-1] + gpus)
+                    frees.append(level)
+                    last = end
             all_times.append(times)
             all_frees.append(frees)
-            if frees[-1] == size:
+            if level == size:
                 opens_at = times[frees.index(size)]
                 whole.append([(opens_at, INF)])
                 if size == widest:
