@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from heapq import heappop, heappush
-from itertools import count
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from itertools import compress, count
+from operator import itemgetter
 
 Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...), as orchestrator.sim.pool
 
 INF = math.inf
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +126,9 @@ class NodeSpace:
         strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
         from the running jobs' ends, built by a caller that keeps them grouped by node.
         ``whole``: each node's windows of being entirely free, where the caller knows them
-        (None: unknown, found when read); ``opens``: with ``whole``, those of the nodes of the
-        widest size as (opens, node, closes), sorted."""
+        (None: unknown, found when read); ``opens``: those of the nodes of the widest size as
+        (opens, node, closes), sorted, where the caller knows them (a node's are read from its
+        steps when a hold first changes it)."""
         space = cls.__new__(cls)
         space.sizes = list(sizes)
         space.now = now
@@ -135,22 +138,25 @@ class NodeSpace:
         space._settle()
         if whole is not None:
             space._whole = whole
-            space._opens = opens
+        space._opens = opens
         return space
 
     def _settle(self) -> None:
+        # (C-level passes: a plan builds a space of every on-prem node)
         self._smallest = min(self.sizes, default=0)
-        self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
-        self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
+        now_free = list(map(_FIRST, self.frees))
+        self.free_total = sum(now_free)  # GPUs free now, across nodes
+        self.free_nodes = set(compress(count(), map((0).__lt__, now_free)))  # (fits_now reads)
         # Per node of the widest size, its windows of being entirely free (opens, closes), kept
         # until a hold changes the node (what a wide job's sweep reads); and those nodes.
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
-        self._widest = [i for i, size in enumerate(self.sizes) if size == self.node_size]
+        self._widest = list(compress(count(), map(self.node_size.__eq__, self.sizes)))
         # Every widest node's windows as (opens, node, closes), sorted, once a wide job asked
         # (None before): a sweep reads them in order and stops at the first start, which is
         # nearly always among the first few, so keeping them sorted (the nodes a hold changed,
         # ``_dirty``, re-sorted in at the next sweep) is what spares sorting them per job.
-        # While it is kept, ``_whole[node]`` is what it holds of the node.
+        # While it is kept, ``_whole[node]`` is what it holds of a node a hold changed since
+        # (read just before), or None for one no hold changed (its steps tell).
         self._opens: list[tuple[float, int, float]] | None = None
         self._dirty: set[int] = set()
         # Whether each node's step lists are this space's own (False: shared with a copy, and
@@ -312,7 +318,11 @@ class NodeSpace:
         for node, gpus in allocation:
             if self._opens is None:
                 self._whole[node] = None
-            else:  # (its windows leave the sorted ones at the next sweep)
+            elif node not in self._dirty:  # (its windows leave the sorted ones at the next sweep)
+                if self._whole[node] is None and self.sizes[node] == self.node_size:
+                    # What the sorted windows hold of it, read before the hold changes it.
+                    self._whole[node] = _whole_windows(self.times[node], self.frees[node],
+                                                       self.node_size)
                 self._dirty.add(node)
             if not self._own[node]:  # shared with a copy: this space's own lists first
                 self.times[node] = list(self.times[node])

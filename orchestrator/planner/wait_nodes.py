@@ -144,10 +144,10 @@ class _Space:
         now_us = self.now_us
         all_times: list[list[float]] = []
         all_frees: list[list[int]] = []
-        # Each node's windows of being entirely free: releases only add free GPUs, up to the
-        # node's size, so a node is entirely free from its first step at its size on, for good.
-        whole: list[list[tuple[float, float]] | None] = []
-        opens: list[tuple[float, int, float]] = []  # those of the widest nodes, sorted
+        # The widest nodes' windows of being entirely free, sorted: releases only add free GPUs,
+        # up to the node's size, so a node is entirely free from its first step at its size on,
+        # for good.
+        opens: list[tuple[float, int, float]] = []
         widest = max(self.sizes, default=0)
         for node, free, ends, size in zip(count(), self.free, self.grouped, self.sizes):
             times = [0.0]
@@ -165,15 +165,10 @@ class _Space:
                     last = end
             all_times.append(times)
             all_frees.append(frees)
-            if level == size:
-                opens_at = times[frees.index(size)]
-                whole.append([(opens_at, INF)])
-                if size == widest:
-                    opens.append((opens_at, node, INF))
-            else:
-                whole.append([])
+            if level == size == widest:
+                opens.append((times[frees.index(size)], node, INF))
         opens.sort()
-        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, whole, opens)
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, opens=opens)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],
