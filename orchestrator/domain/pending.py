@@ -89,6 +89,8 @@ def _recode(codes: np.ndarray, names: tuple[Any, ...]) -> tuple[np.ndarray, tupl
     """``codes`` into ``names`` renumbered to the names they use, in order of first use."""
     if not len(codes):
         return codes, ()
+    if len(names) == 1:  # (one name, used by every row: a queue of one user or project)
+        return codes, names
     # Each name's first row (len(codes): unused), by one unbuffered minimum: a tenth of the
     # sort np.unique(return_index=True) makes of every row.
     n = len(codes)
@@ -103,8 +105,31 @@ def _recode(codes: np.ndarray, names: tuple[Any, ...]) -> tuple[np.ndarray, tupl
     return renumber[codes], tuple(names[c] for c in used.tolist())
 
 
+def _first_seen_counts(key: np.ndarray, size: int) -> list[tuple[int, int]]:
+    """(value, how many times) of each distinct value of ``key`` (non-negative, below
+    ``size``), in order of first appearance. Where the values are few for their number (a
+    queue's owners and widths), counted in place (``bincount``, one unbuffered minimum for the
+    first rows): no sort of every row, which ``np.unique`` makes."""
+    n = len(key)
+    if size <= 4 * n + 4096:
+        count = np.bincount(key, minlength=size)
+        present = np.flatnonzero(count)
+        first = np.full(size, n, dtype=np.int64)
+        np.minimum.at(first, key, np.arange(n, dtype=np.int64))
+        used = present[np.argsort(first[present], kind="stable")]
+        return list(zip(used.tolist(), count[used].tolist()))
+    unique, first, count = np.unique(key, return_index=True, return_counts=True)
+    used = np.argsort(first, kind="stable")
+    return list(zip(unique[used].tolist(), count[used].tolist()))
+
+
 def _seconds(values: Sequence[Any]) -> list[float] | Sequence[Any]:
     return [math.nan if v is None else v for v in values] if None in values else values
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def _frozen(values: Any, dtype: Any) -> np.ndarray:
@@ -122,23 +147,27 @@ class PendingColumns(Sequence[Job]):
     ``pool``: the pool every job belongs to.
     """
 
-    __slots__ = ("_counts", "_jobs", "_listed", "checkpoint_s", "dataset_gb", "duration_s",
-                 "gpus", "id_rank", "ids", "pool",
-                 "priority", "project", "projects", "submitted_us", "user", "users")
+    __slots__ = ("_counts", "_id_rows", "_id_source", "_ids", "_jobs", "_listed",
+                 "checkpoint_s", "dataset_gb", "duration_s", "gpus", "id_rank", "pool",
+                 "priority", "project", "projects", "submitted_us", "time_rank", "user", "users")
 
     def __init__(self, pool: str, ids: Sequence[str], projects: Sequence[str | None],
                  project: Any, gpus: Any, priority: Any, submitted_us: Any, duration_s: Any,
                  checkpoint_s: Any = None, users: Sequence[str | None] = (None,),
                  user: Any = None, dataset_gb: Any = None):
         self.pool = pool
-        self.ids: tuple[str, ...] = tuple(ids)
+        self._ids: tuple[str, ...] | None = tuple(ids)
+        # A selection's ids are gathered when first read (most plans read a few ids of
+        # thousands, one by one): from ``_id_source`` at ``_id_rows`` meanwhile.
+        self._id_source: tuple[str, ...] = ()
+        self._id_rows: np.ndarray | None = None
         self.projects: tuple[str, ...] = tuple(projects)
         self.project = _frozen(project, np.int64)
         self.gpus = _frozen(gpus, np.int64)
         self.priority = _frozen(priority, np.int64)
         self.submitted_us = _frozen(submitted_us, np.int64)
         self.duration_s = _frozen(duration_s, np.float64)
-        n = len(self.ids)
+        n = len(self._ids)
         self.checkpoint_s = _frozen(np.full(n, np.nan) if checkpoint_s is None else checkpoint_s,
                                     np.float64)
         self.dataset_gb = _frozen(np.full(n, np.nan) if dataset_gb is None else dataset_gb,
@@ -155,11 +184,15 @@ class PendingColumns(Sequence[Job]):
         if n and (int(self.user.min()) < 0 or int(self.user.max()) >= len(self.users)):
             raise ValueError("pending column 'user' holds a code outside 'users'")
         self._jobs: dict[int, Job] = {}
-        self._listed: list[Job] | None = None  # the Job of every row, where handed over whole
+        self._listed: Sequence[Job] | None = None  # the Job of every row, where handed over whole
         self._counts: dict[tuple[str, int, int], int] | None = None
         # Each row's id as its rank among the ids in code point order (equal ids, equal ranks),
         # where the builder knows it (the simulator ranks a trace's ids once); None: read the ids.
         self.id_rank: np.ndarray | None = None
+        # Each row's rank by (submit time, id) among the rows the builder knows (equal pairs,
+        # equal ranks), where it knows it: the scheduling order within a priority class is then
+        # one sort of integers, ties in submit time included. None: read the times and ids.
+        self.time_rank: np.ndarray | None = None
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -230,25 +263,59 @@ class PendingColumns(Sequence[Job]):
         rows = np.asarray(rows, dtype=np.int64)
         project, projects = _recode(self.project[rows], self.projects)
         user, users = _recode(self.user[rows], self.users)
-        picked = rows.tolist()
-        ids = itemgetter(*picked)(self.ids) if len(picked) > 1 else [self.ids[i] for i in picked]
-        made = PendingColumns(self.pool if pool is None else pool, ids,
-                              projects, project, self.gpus[rows], self.priority[rows],
-                              self.submitted_us[rows], self.duration_s[rows],
-                              self.checkpoint_s[rows], users or (None,), user,
-                              self.dataset_gb[rows])
+        # Made field by field (a selection of valid columns is valid: no checks), its ids left
+        # to be gathered when read.
+        made = PendingColumns.__new__(PendingColumns)
+        made.pool = self.pool if pool is None else pool
+        if self._ids is None:
+            made._ids, made._id_source, made._id_rows = None, self._id_source, self._id_rows[rows]
+        else:
+            made._ids, made._id_source, made._id_rows = None, self._ids, rows
+        if not len(rows):
+            made._ids = ()
+        made.projects = projects
+        made.users = users or (None,)
+        made.project, made.user = _readonly(project), _readonly(user)
+        for name in ("gpus", "priority", "submitted_us", "duration_s", "checkpoint_s",
+                     "dataset_gb"):
+            setattr(made, name, _readonly(getattr(self, name)[rows]))
+        made._jobs = {}
+        made._listed = None
+        made._counts = None
+        made.id_rank = made.time_rank = None
         if self.id_rank is not None:
             made.id_rank = self.id_rank[rows]
+        if self.time_rank is not None:
+            made.time_rank = self.time_rank[rows]
         if self._jobs and (pool is None or pool == self.pool):
-            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(picked)
+            made._jobs.update((new, self._jobs[old]) for new, old in enumerate(rows.tolist())
                               if old in self._jobs)
         if jobs is None and self._listed is not None and (pool is None or pool == self.pool):
-            jobs = [self._listed[i] for i in picked]
-        if jobs is not None:  # every row's Job, kept as the list it is (no map of 100k rows)
-            made._listed = jobs if isinstance(jobs, list) else list(jobs)
-            if len(made._listed) != len(made.ids):
-                raise ValueError(f"{len(made._listed)} jobs for {len(made.ids)} rows")
+            jobs = [self._listed[i] for i in rows.tolist()]
+        if jobs is not None:  # every row's Job, kept as the sequence it is (no map of 100k
+            # rows; a source's own sequence may read its records when asked)
+            made._listed = jobs if isinstance(jobs, Sequence) else list(jobs)
+            if len(made._listed) != len(made):
+                raise ValueError(f"{len(made._listed)} jobs for {len(made)} rows")
         return made
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The job ids, row by row."""
+        ids = self._ids
+        if ids is None:  # (two threads may both gather them: the same tuple)
+            picked = self._id_rows.tolist()  # type: ignore[union-attr]
+            ids = (itemgetter(*picked)(self._id_source) if len(picked) > 1
+                   else tuple(self._id_source[i] for i in picked))
+            self._ids = ids
+        return ids
+
+    def id_of(self, index: int) -> str:
+        """Row ``index``'s job id (without gathering every id)."""
+        ids = self._ids
+        if ids is not None:
+            return ids[index]
+        return self._id_source[int(self._id_rows[index])]  # type: ignore[index]
 
     # -- reading -------------------------------------------------------------------------------
     def job(self, index: int) -> Job:
@@ -259,13 +326,13 @@ class PendingColumns(Sequence[Job]):
         job = self._jobs.get(index)
         if job is None:
             index = int(index)
-            if not -len(self.ids) <= index < len(self.ids):
+            if not -len(self) <= index < len(self):
                 raise IndexError(index)
-            index %= len(self.ids)
+            index %= len(self)
             duration = float(self.duration_s[index])
             checkpoint = float(self.checkpoint_s[index])
             dataset = float(self.dataset_gb[index])
-            job = Job(self.ids[index], self.projects[int(self.project[index])], self.pool,
+            job = Job(self.id_of(index), self.projects[int(self.project[index])], self.pool,
                       int(self.gpus[index]), from_us(int(self.submitted_us[index])),
                       int(self.priority[index]), None if math.isnan(duration) else duration,
                       checkpoint_s=None if math.isnan(checkpoint) else checkpoint,
@@ -312,12 +379,11 @@ class PendingColumns(Sequence[Job]):
             return {}
         span_u, span_g = len(self.users), int(self.gpus.max()) + 1
         key = (self.project[rows] * span_u + self.user[rows]) * span_g + self.gpus[rows]
-        unique, first, count = np.unique(key, return_index=True, return_counts=True)
         counts = {}
-        for k in np.argsort(first, kind="stable").tolist():
-            rest, width = divmod(int(unique[k]), span_g)
+        for k, count in _first_seen_counts(key, len(self.projects) * span_u * span_g):
+            rest, width = divmod(k, span_g)
             code, user = divmod(rest, span_u)
-            counts[(self.projects[code], self.users[user], width)] = int(count[k])
+            counts[(self.projects[code], self.users[user], width)] = count
         return counts
 
     @property
@@ -325,7 +391,7 @@ class PendingColumns(Sequence[Job]):
         return int(self.gpus.sum())
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.gpus)
 
     @overload
     def __getitem__(self, index: int) -> Job: ...
@@ -340,7 +406,7 @@ class PendingColumns(Sequence[Job]):
         return map(self.job, range(len(self)))
 
     def __bool__(self) -> bool:
-        return bool(self.ids)
+        return len(self.gpus) > 0
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PendingColumns):
@@ -375,7 +441,11 @@ class JobsView(Sequence[Job]):
 
     def ids(self) -> list[str]:
         """The viewed rows' job ids, in the view's order (no Job made)."""
-        return list(map(self.columns.ids.__getitem__, self.indexes.tolist()))
+        columns = self.columns
+        if columns._ids is None:  # (a selection whose ids are not gathered: only these)
+            rows = columns._id_rows[self.indexes]  # type: ignore[index]
+            return list(map(columns._id_source.__getitem__, rows.tolist()))
+        return list(map(columns._ids.__getitem__, self.indexes.tolist()))
 
     def where(self, mask: np.ndarray) -> JobsView:
         """The rows of this view where ``mask`` (one bool per row of the view) holds."""

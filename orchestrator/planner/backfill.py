@@ -30,13 +30,17 @@ Times are plain seconds on the caller's clock. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
+from itertools import compress, count
+from operator import itemgetter
 
 Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...), as orchestrator.sim.pool
 
 INF = math.inf
+_FIRST = itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,9 @@ class NodeSpace:
     (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
 
     __slots__ = (
+        "_dirty",
+        "_smallest",
+        "_opens",
         "_own",
         "_whole",
         "_widest",
@@ -113,10 +120,15 @@ class NodeSpace:
 
     @classmethod
     def of_steps(cls, sizes: Sequence[int], times: list[list[float]], frees: list[list[int]],
-                 now: float) -> NodeSpace:
+                 now: float, whole: list[list[tuple[float, float]] | None] | None = None,
+                 opens: list[tuple[float, int, float]] | None = None) -> NodeSpace:
         """The space whose step functions are given (each node's ``times`` from ``now`` on,
         strictly increasing, and ``frees``), taken over as they are: what ``__init__`` builds
-        from the running jobs' ends, built by a caller that keeps them grouped by node."""
+        from the running jobs' ends, built by a caller that keeps them grouped by node.
+        ``whole``: each node's windows of being entirely free, where the caller knows them
+        (None: unknown, found when read); ``opens``: those of the nodes of the widest size as
+        (opens, node, closes), sorted, where the caller knows them (a node's are read from its
+        steps when a hold first changes it)."""
         space = cls.__new__(cls)
         space.sizes = list(sizes)
         space.now = now
@@ -124,15 +136,29 @@ class NodeSpace:
         space.times = times
         space.frees = frees
         space._settle()
+        if whole is not None:
+            space._whole = whole
+        space._opens = opens
         return space
 
     def _settle(self) -> None:
-        self.free_total = sum(f[0] for f in self.frees)  # GPUs free now, across nodes
-        self.free_nodes = {i for i, f in enumerate(self.frees) if f[0] > 0}  # (fits_now reads)
+        # (C-level passes: a plan builds a space of every on-prem node)
+        self._smallest = min(self.sizes, default=0)
+        now_free = list(map(_FIRST, self.frees))
+        self.free_total = sum(now_free)  # GPUs free now, across nodes
+        self.free_nodes = set(compress(count(), map((0).__lt__, now_free)))  # (fits_now reads)
         # Per node of the widest size, its windows of being entirely free (opens, closes), kept
         # until a hold changes the node (what a wide job's sweep reads); and those nodes.
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
-        self._widest = [i for i, size in enumerate(self.sizes) if size == self.node_size]
+        self._widest = list(compress(count(), map(self.node_size.__eq__, self.sizes)))
+        # Every widest node's windows as (opens, node, closes), sorted, once a wide job asked
+        # (None before): a sweep reads them in order and stops at the first start, which is
+        # nearly always among the first few, so keeping them sorted (the nodes a hold changed,
+        # ``_dirty``, re-sorted in at the next sweep) is what spares sorting them per job.
+        # While it is kept, ``_whole[node]`` is what it holds of a node a hold changed since
+        # (read just before), or None for one no hold changed (its steps tell).
+        self._opens: list[tuple[float, int, float]] | None = None
+        self._dirty: set[int] = set()
         # Whether each node's step lists are this space's own (False: shared with a copy, and
         # copied by the first hold on the node).
         self._own = [True] * len(self.sizes)
@@ -144,12 +170,15 @@ class NodeSpace:
         new.sizes = self.sizes
         new.now = self.now
         new.node_size = self.node_size
+        new._smallest = self._smallest
         new.times = list(self.times)
         new.frees = list(self.frees)
         new.free_total = self.free_total
         new.free_nodes = set(self.free_nodes)
         new._whole = list(self._whole)
         new._widest = self._widest
+        new._opens = None if self._opens is None else list(self._opens)
+        new._dirty = set(self._dirty)
         new._own = [False] * len(self.sizes)
         self._own = [False] * len(self.sizes)
         return new
@@ -170,12 +199,22 @@ class NodeSpace:
             return self._earliest_whole(gpus, limit_s)
         best_start, best_room, best_node = INF, 0, -1
         all_times, all_frees = self.times, self.frees
-        for node, size in enumerate(self.sizes):
-            if size < gpus:
-                continue
-            times, frees = all_times[node], all_frees[node]
+        if self._smallest >= gpus:  # (every node holds it: no size to look at)
+            nodes: Iterable[tuple[int, list[float], list[int]]] = zip(
+                count(), all_times, all_frees)
+        else:
+            nodes = ((node, all_times[node], all_frees[node])
+                     for node, size in enumerate(self.sizes) if size >= gpus)
+        for node, times, frees in nodes:
+            # Every node's first step is now, where few are free enough on a busy cluster: such
+            # a node is left at once when its next step is past the best start found.
+            if frees[0] < gpus:
+                if len(times) == 1 or times[1] > best_start:
+                    continue
+                k = 1
+            else:
+                k = 0
             n = len(times)
-            k = 0
             while k < n:
                 start = times[k]
                 if start > best_start:
@@ -224,33 +263,52 @@ class NodeSpace:
 
     def _earliest_whole(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
         """Whole nodes: the first time enough nodes are all free for the whole limit (a sweep
-        over each node's windows of being entirely free)."""
+        over each node's windows of being entirely free, in order of opening: at one instant,
+        windows open in node order before any closes; the first ``need`` open win)."""
         size = self.node_size
         need = math.ceil(gpus / size)
         if len(self._widest) < need:
             return None
-        events: list[tuple[float, int, int]] = []  # (time, +1 opens / -1 closes after, node)
-        whole = self._whole
-        for node in self._widest:
-            windows = whole[node]
-            if windows is None:
-                windows = whole[node] = _whole_windows(self.times[node], self.frees[node], size)
-            for opens, closes in windows:
-                last = closes - limit_s  # the latest start that still ends by ``closes``
-                if last >= opens:
-                    events.append((opens, 0, node))  # opens sort before closes at one time
-                    events.append((last, 1, node))
-        events.sort()
-        open_nodes: set[int] = set()
-        for when, kind, node in events:
-            if kind == 0:
-                open_nodes.add(node)
-                if len(open_nodes) >= need:
-                    chosen = sorted(open_nodes)[:need]
-                    return when, tuple((i, self.sizes[i]) for i in chosen)
-            else:
-                open_nodes.discard(node)
+        opens = self._windows()
+        live: list[tuple[float, int]] = []  # (latest start that ends in time, node): open now
+        for when, node, closes in opens:
+            last = closes - limit_s  # the latest start that still ends by ``closes``
+            if not last >= when:  # (too short; also NaN: an endless job in an endless window)
+                continue
+            while live and live[0][0] < when:  # closed before this opens
+                heappop(live)
+            heappush(live, (last, node))
+            if len(live) >= need:  # (== need: one opens at a time)
+                return when, tuple((i, self.sizes[i]) for i in sorted(n for _, n in live))
         return None
+
+    def _windows(self) -> list[tuple[float, int, float]]:
+        """Every widest node's windows of being entirely free, sorted (``_opens``), brought up
+        to date with the holds since the last sweep."""
+        whole, size = self._whole, self.node_size
+        opens = self._opens
+        if opens is None:
+            opens = []
+            for node in self._widest:
+                windows = whole[node]
+                if windows is None:
+                    windows = whole[node] = _whole_windows(self.times[node], self.frees[node],
+                                                           size)
+                opens.extend([(o, node, c) for o, c in windows])
+            opens.sort()
+            self._opens = opens
+            self._dirty.clear()
+        elif self._dirty:
+            for node in self._dirty:
+                if self.sizes[node] != size:
+                    continue
+                for o, c in whole[node] or ():  # (an entry is unique: one window per instant)
+                    del opens[bisect_left(opens, (o, node, c))]
+                windows = whole[node] = _whole_windows(self.times[node], self.frees[node], size)
+                for o, c in windows:
+                    insort(opens, (o, node, c))
+            self._dirty.clear()
+        return opens
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -258,7 +316,14 @@ class NodeSpace:
         """Take the allocation's GPUs from ``start`` for ``limit_s`` (a start or a reservation)."""
         end = start + limit_s
         for node, gpus in allocation:
-            self._whole[node] = None
+            if self._opens is None:
+                self._whole[node] = None
+            elif node not in self._dirty:  # (its windows leave the sorted ones at the next sweep)
+                if self._whole[node] is None and self.sizes[node] == self.node_size:
+                    # What the sorted windows hold of it, read before the hold changes it.
+                    self._whole[node] = _whole_windows(self.times[node], self.frees[node],
+                                                       self.node_size)
+                self._dirty.add(node)
             if not self._own[node]:  # shared with a copy: this space's own lists first
                 self.times[node] = list(self.times[node])
                 self.frees[node] = list(self.frees[node])
@@ -276,20 +341,23 @@ class NodeSpace:
 
 def _whole_windows(times: list[float], frees: list[int], size: int
                    ) -> list[tuple[float, float]]:
-    """The windows (opens, closes) in which a node of ``size`` GPUs is entirely free."""
+    """The windows (opens, closes) in which a node of ``size`` GPUs is entirely free (runs of
+    steps found by ``list.index``, C-level: most nodes have one run, at the end)."""
     windows = []
+    n = len(frees)
     k = 0
-    n = len(times)
-    while k < n:
-        if frees[k] != size:
-            k += 1
-            continue
-        j = k
-        while j + 1 < n and frees[j + 1] == size:
+    while True:
+        try:
+            k = frees.index(size, k)
+        except ValueError:
+            return windows
+        j = k + 1
+        while j < n and frees[j] == size:
             j += 1
-        windows.append((times[k], times[j + 1] if j + 1 < n else INF))
+        windows.append((times[k], times[j] if j < n else INF))
+        if j >= n:
+            return windows
         k = j + 1
-    return windows
 
 
 def _step(times: list[float], t: float) -> int:

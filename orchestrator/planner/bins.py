@@ -99,9 +99,10 @@ class Bins:
                     return [by_free[room][-1]]
             return None
         needed = -(-gpus // self.node_size)
-        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
-        if len(whole) < needed:
+        # Counted first: a queue's wide jobs ask again and again while too few nodes are free.
+        if sum(map(len, by_free[self.node_size:])) < needed:
             return None
+        whole = [i for room in range(self.node_size, len(by_free)) for i in by_free[room]]
         return sorted(whole)[:needed]
 
     def copy(self) -> Bins:

@@ -109,6 +109,8 @@ def _arrange(jobs: Sequence[Job], priorities: dict[str, int], default: int) -> O
             top_p = int(project_priority.max())
             klass = (top_p - project_priority) * span_l + (span_l - 1 - (level - low_l))
             classes = int(klass.max()) + 1
+    if columns.time_rank is not None:
+        return _arrange_ranked(jobs, columns, klass, classes, classed)
     low, high = int(submitted.min()), int(submitted.max())
     span = high - low + 1
     if classes * span * n < 1 << 63:
@@ -129,6 +131,36 @@ def _arrange(jobs: Sequence[Job], priorities: dict[str, int], default: int) -> O
         ranked = klass[order]
         starts += (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
     return Ordered(jobs, columns, order, starts)
+
+
+def _arrange_ranked(jobs: Sequence[Job], columns: PendingColumns, klass: np.ndarray,
+                    classes: int, classed: bool) -> Ordered:
+    """:func:`_arrange` where the columns carry each row's rank by (submit time, id): one sort of
+    (class, rank, position) packed in one integer (or a stable ``lexsort``): equal ranks are equal
+    times and ids, left in position order."""
+    n = len(columns)
+    rank = columns.time_rank
+    low = int(rank.min())
+    span = int(rank.max()) - low + 1
+    if classes * span * n < 1 << 63:
+        keys = np.sort((klass * span + (rank - low)) * n + np.arange(n, dtype=np.int64))
+        order = keys % n
+    else:
+        order = np.lexsort([rank, klass])
+    starts = [0]
+    if classed:
+        ranked = klass[order]
+        starts += (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
+    return Ordered(jobs, columns, order, starts)
+
+
+def time_ranks(submitted_us: np.ndarray, id_rank: np.ndarray) -> np.ndarray:
+    """Each row's rank by (submit time, id rank), equal pairs equal ranks, from 0
+    (``PendingColumns.time_rank``, for a source that knows every job up front)."""
+    if not len(submitted_us):
+        return np.empty(0, dtype=np.int64)
+    return _dense_rank([np.asarray(submitted_us, dtype=np.int64),
+                        np.asarray(id_rank, dtype=np.int64)])
 
 
 def _by_id_in_ties(order: np.ndarray, same: np.ndarray, ids: tuple[str, ...],

@@ -47,11 +47,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import count
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import to_us
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.backfill import INF, Allocation, NodeSpace
+from orchestrator.planner.node_shape import shape
 from orchestrator.policy.models import Displacement
 
 MAX_TRIES = 8  # late jobs tried for displacement per tick (each try rebuilds the space a few times)
@@ -102,40 +104,6 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     return problem
 
 
-# The last node sizes and release ends read, with the two tuples they were read from:
-# consecutive plans of an unchanged on-prem pool read the same ones.
-_last_shape: list = [None, None, None, None]
-
-
-def _shape(queue: PoolQueue) -> tuple[list[int], list[list[tuple[int, int]]]]:
-    """The nodes' sizes, and each node's releases as (expected end in µs since the epoch, GPUs),
-    by end."""
-    per = queue.onprem.free_per_node
-    releases = queue.onprem_releases
-    if _last_shape[0] is per and _last_shape[1] is releases:
-        return _last_shape[2], _last_shape[3]
-    sizes = _sizes(queue)
-    grouped: list[list[tuple[int, int]]] = [[] for _ in per]
-    for release in releases:
-        grouped[release.node].append((to_us(release.ends_at), release.gpus))  # type: ignore[index]
-    for ends in grouped:
-        ends.sort()
-    _last_shape[:] = [per, releases, sizes, grouped]
-    return sizes, grouped
-
-
-def _sizes(queue: PoolQueue) -> list[int]:
-    per = queue.onprem.free_per_node
-    n = len(per)
-    held = [0] * n
-    for release in queue.onprem_releases:
-        held[release.node] += release.gpus  # type: ignore[index]
-    if queue.onprem.total_gpus % n == 0:
-        even = queue.onprem.total_gpus // n
-        return [max(even, f + h) for f, h in zip(per, held)]
-    return [f + h for f, h in zip(per, held)]
-
-
 def _length(job: Job) -> float:
     return INF if job.duration_s is None else max(float(job.duration_s), 1.0)
 
@@ -145,7 +113,7 @@ class _Space:
     then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes, self.grouped = _shape(queue)
+        self.sizes, self.grouped = shape(queue)
         self.free = queue.onprem.free_per_node
         self.now_us = to_us(now)
         self.absorbed = absorbed
@@ -176,19 +144,31 @@ class _Space:
         now_us = self.now_us
         all_times: list[list[float]] = []
         all_frees: list[list[int]] = []
-        for free, ends in zip(self.free, self.grouped):
+        # The widest nodes' windows of being entirely free, sorted: releases only add free GPUs,
+        # up to the node's size, so a node is entirely free from its first step at its size on,
+        # for good.
+        opens: list[tuple[float, int, float]] = []
+        widest = max(self.sizes, default=0)
+        for node, free, ends, size in zip(count(), self.free, self.grouped, self.sizes):
             times = [0.0]
             frees = [free]
+            level = free  # free GPUs after the releases so far
+            last = 0.0  # the last step's time
             for end_us, gpus in ends:
                 end = (end_us - now_us) / 1e6
-                if end <= times[-1]:  # (ended already, or at the previous end: one step)
-                    frees[-1] += gpus
+                level += gpus
+                if end <= last:  # (ended already, or at the previous end: one step)
+                    frees[-1] = level
                 else:
                     times.append(end)
-                    frees.append(frees[-1] + gpus)
+                    frees.append(level)
+                    last = end
             all_times.append(times)
             all_frees.append(frees)
-        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0)
+            if level == size == widest:
+                opens.append((times[frees.index(size)], node, INF))
+        opens.sort()
+        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, opens=opens)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],

@@ -12,18 +12,21 @@ jobs themselves, with the same Job objects behind its rows (``PendingColumns.job
 A job whose record changed after the columns were built (a spot interruption's requeue reports
 what is left to run) is reported by the world (:meth:`QueueColumns.changed`): the columns of
 every job are built again at the next read (rare: once per requeue). The ids of every job are
-ranked once (``PendingColumns.id_rank``), so each queue's ties in submit time are put in id order
-without reading a string.
+ranked once (``PendingColumns.id_rank``), and so is every job by (submit time, id)
+(``PendingColumns.time_rank``), so each queue is put in scheduling order by one sort of integers,
+without reading a string or sorting its ties again.
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
+from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
 
+from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import ROW_FIELDS, PendingColumns
-from orchestrator.planner.order import id_ranks
+from orchestrator.planner.order import id_ranks, time_ranks
 from orchestrator.sim.simjob import SimJob
 
 
@@ -51,6 +54,7 @@ class QueueColumns:
             columns.id_rank = self._all.id_rank  # (ids do not change)
         else:
             columns.id_rank = id_ranks(columns.ids)
+        columns.time_rank = time_ranks(columns.submitted_us, columns.id_rank)
         self._all = columns
         self._stale = False
         return columns
@@ -62,10 +66,32 @@ class QueueColumns:
             return PendingColumns.empty(self.pool)
         columns = self._all if not self._stale else self._build()
         rows = np.fromiter(pending.keys(), dtype=np.int64, count=len(pending))
-        return columns.select(rows, jobs=list(map(_RECORD, pending.values())))
+        return columns.select(rows, jobs=_Records(self.jobs, rows))
 
 
-_RECORD = attrgetter("domain")
+class _Records(Sequence[Job]):
+    """The records of some jobs of the run (``rows``, in that order), read when asked: a plan
+    reads a few of thousands. A pending job's record is not replaced while it is pending (the
+    world replaces one only when it requeues a running job, which then arrives again, and the
+    queue is selected again), so what is read is what was pending when the queue was selected."""
+
+    __slots__ = ("jobs", "rows")
+
+    def __init__(self, jobs: list[SimJob], rows: np.ndarray):
+        self.jobs = jobs
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Job]: ...
+    def __getitem__(self, index: int | slice) -> Job | list[Job]:
+        if isinstance(index, slice):
+            return [self.jobs[i].domain for i in self.rows[index].tolist()]
+        return self.jobs[self.rows[index]].domain
 
 
 __all__ = ["QueueColumns"]

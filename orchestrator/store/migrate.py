@@ -9,21 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# Alembic (with Mako and Pygments, about 11 MiB of a process) is imported by the functions that
+# migrate: importing the store, as the simulator and the planner's callers do, does not load it.
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str | URL, connection: Connection | None = None) -> Config:
     """An Alembic Config for the store's migrations at ``url``."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     rendered = normalize_url(url).render_as_string(hide_password=False)
@@ -38,6 +43,8 @@ def upgrade(
     url: str | URL, revision: str = "head", *, connection: Connection | None = None
 ) -> None:
     """Migrate the database at ``url`` to ``revision`` (default: the newest)."""
+    from alembic import command
+
     _run(url, connection, lambda cfg: command.upgrade(cfg, revision))
 
 
@@ -45,15 +52,21 @@ def downgrade(
     url: str | URL, revision: str = "base", *, connection: Connection | None = None
 ) -> None:
     """Migrate the database at ``url`` down to ``revision`` (default: an empty schema)."""
+    from alembic import command
+
     _run(url, connection, lambda cfg: command.downgrade(cfg, revision))
 
 
 def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
 def current_revision(connection: Connection) -> str | None:
     """The revision the database behind ``connection`` is at (None when never migrated)."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection).get_current_revision()
 
 

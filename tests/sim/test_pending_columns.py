@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from orchestrator.domain.pending import PendingColumns
+from orchestrator.domain.pending import JobsView, PendingColumns
 from orchestrator.planner.order import ordered
 from orchestrator.sim.pendingcols import QueueColumns
 from orchestrator.sim.simjob import SimJob
@@ -53,3 +55,26 @@ def test_a_changed_record_is_read_again():
     made = columns.pending(chosen)
     assert made.duration_s[1] == 7.0
     _same(made, list(chosen.values()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=8), st.lists(st.integers(0, 7), max_size=8),
+       st.booleans())
+def test_a_selection_of_a_selection_reads_its_ids_when_asked(first, second, gather_first):
+    # A selection's ids are gathered when first read (PendingColumns.ids), or read one by one
+    # (id_of, a view's ids()): the same ids, also for a selection made from a selection.
+    jobs = trace(("a", 0, 600, 8, "p1"), ("b", 5, 60, 2, "p2", 3), ("c", 5, 120, 1, None),
+                 ("d", 9, 30, 4, "p2"), ("e", 12, 999, 8, "p1", 1))
+    world = World(sim_policy(), jobs.jobs, 1, 8, store=None)
+    columns = QueueColumns("gpu", world.jobs)
+    chosen = [world.jobs[i] for i in dict.fromkeys(first)]
+    made = columns.pending({j.index: j for j in chosen})
+    if gather_first:
+        assert made.ids == tuple(j.trace.job_id for j in chosen)
+    rows = [i for i in second if i < len(chosen)]
+    again = made.select(rows)
+    expected = tuple(chosen[i].trace.job_id for i in rows)
+    assert [again.id_of(i) for i in range(len(rows))] == list(expected)
+    assert JobsView(again, list(range(len(rows)))[::-1]).ids() == list(expected)[::-1]
+    assert again.ids == expected
+    assert [again.job(i).id for i in range(len(rows))] == list(expected)

@@ -187,3 +187,44 @@ def test_earliest_answers_as_the_plain_scan_of_every_node(sizes, running, jobs):
         if expected is not None:  # nor is s by holds on a copy of its copy
             other.hold(expected[1], expected[0], limit)
         assert (s.times, s.frees) == before
+        for wide in (8, 16):  # the copies' kept windows follow their own holds
+            assert other.earliest(wide, limit) == _reference_earliest(other, wide, limit)
+            assert copy.earliest(wide, limit) == _reference_earliest(copy, wide, limit)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([-30, 0, 10, 25, 40, 90]),
+                          st.integers(1, 4)), max_size=14),
+       st.lists(st.tuples(st.sampled_from([1, 2, 3, 4, 8, 12, 16]),
+                          st.sampled_from([5.0, 10.0, 30.0, 60.0, math.inf])), max_size=12),
+       st.lists(st.booleans(), max_size=12))
+def test_the_wait_models_space_built_with_its_windows_answers_as_the_plain_scan(
+        running, jobs, copies):
+    # The node wait model builds its space from the running jobs' releases with every widest
+    # node's whole windows known up front (read from the steps when a hold first changes a
+    # node): each answer, after holds and on copies, equals the plain scan.
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.domain.snapshot import OnPremRelease, OnPremState, PoolQueue
+    from orchestrator.planner import node_shape
+    from orchestrator.planner.wait_nodes import _Space
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    free = [4] * 6
+    releases = []
+    for node, end, gpus in running:
+        gpus = min(gpus, free[node])
+        if gpus:
+            free[node] -= gpus
+            releases.append(OnPremRelease(gpus, now + timedelta(seconds=end), node))
+    node_shape._last[0] = None
+    queue = PoolQueue("p", OnPremState(24, sum(free), tuple(free)), (),
+                      onprem_releases=tuple(releases))
+    s = _Space(queue, (), now).fresh()
+    for (gpus, limit), take_copy in zip(jobs, copies + [False] * len(jobs)):
+        if take_copy:
+            s = s.copy()
+        expected = _reference_earliest(s, gpus, limit)
+        assert s.earliest(gpus, limit) == expected
+        if expected is not None:
+            s.hold(expected[1], expected[0], limit)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from orchestrator.domain.pending import PendingColumns
 from orchestrator.planner import demand as demand_module
 from orchestrator.planner.demand import ordered
-from orchestrator.planner.order import id_ranks
+from orchestrator.planner.order import id_ranks, time_ranks
 from tests.builders import T0, make_job, make_policy
 
 M = timedelta(minutes=1)
@@ -50,15 +50,19 @@ def test_the_order_on_the_columns_is_pythons(specs, ascii_ids, any_ids, mixed) -
 @settings(max_examples=200, deadline=None)
 @given(SPECS, st.lists(ASCII_IDS, min_size=12, max_size=12),
        st.lists(ANY_IDS, min_size=12, max_size=12), st.booleans(),
-       st.lists(st.integers(0, 59), max_size=60))
-def test_ids_ranked_up_front_give_the_same_order(specs, ascii_ids, any_ids, mixed, picks) -> None:
-    # The simulator ranks every id of a trace once and selects the pending rows
-    # (PendingColumns.id_rank): the order of any selection is still Python's.
+       st.lists(st.integers(0, 59), max_size=60), st.booleans())
+def test_ids_ranked_up_front_give_the_same_order(specs, ascii_ids, any_ids, mixed, picks,
+                                                 by_time) -> None:
+    # The simulator ranks every id of a trace once, and every job by (submit time, id), and
+    # selects the pending rows (PendingColumns.id_rank, time_rank): the order of any selection
+    # is still Python's.
     names = any_ids if mixed else ascii_ids
     jobs = tuple(make_job(names[k], project=p, priority=prio, submitted_at=T0 - age * M)
                  for p, prio, age, k in specs)
     every = PendingColumns.from_jobs(jobs, "gpu")
     every.id_rank = id_ranks(every.ids)
+    if by_time:
+        every.time_rank = time_ranks(every.submitted_us, every.id_rank)
     rows = [i for i in picks if i < len(jobs)]
     chosen = every.select(rows, jobs=[jobs[i] for i in rows])
     demand_module._ORDER_MEMO.clear()
