@@ -72,6 +72,8 @@ def _collector_for_a_run() -> Iterator[None]:
             if not _gc_runs[0]:
                 gc.set_threshold(*_gc_saved[0])
                 gc.unfreeze()
+
+
 STALL_S = 6 * 3600.0  # stop when nothing has changed this long after the last arrival
 HORIZON_S = 365 * 86400.0  # hard stop after the last arrival (a safety net)
 
