@@ -167,6 +167,9 @@ def main() -> None:
         by[market][f"why {why} x {cls} x {'first' if attempt == 0 else 're-run'}"] += share
         if job.wait_s > 1800:
             by[market][f"missed-slo why {why}"] += share
+        if attempt > 0 and job.burst_start_s is not None:
+            first_wait = (job.burst_start_s - job.trace.submit_s) / 60
+            by[market][f"re-run, first burst start at wait {int(first_wait // 5) * 5:>2}+ min"] += share
     print(f"{policy.name} seed {args.seed} days {args.days}: total ${sum(total.values()):,.0f}")
     for market in sorted(total):
         idle = total[market] - attributed[market]
@@ -180,7 +183,7 @@ def main() -> None:
             seen = early_seen.get(job.domain.id)
             bucket = (f"first ranked at wait {int(waited // 300) * 5:>2}-{int(waited // 300) * 5 + 5} min"
                       if waited is not None else "?")
-            bucket += (f"; seen late at {seen[0] / 60:.0f} min room {seen[1]}" if seen and seen[0] < 600
+            bucket += (f"; seen late at {seen[0] / 60:.0f} min room {seen[1]}" if seen
                        else "; seen late >=10 min" if seen else "; never late before")
             hist[bucket][0] += 1
             hist[bucket][1] += job.gpus * job.trace.duration_s / 3600

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -65,7 +66,7 @@ from orchestrator.domain.plan import (
 from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
 from orchestrator.planner import staging
 from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
-from orchestrator.planner.boot import BootChoice, choose_boot
+from orchestrator.planner.boot import BootChoice, choose_boot, group_boot_s
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import (
@@ -293,7 +294,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         held = (dict(held_now) if held_now is not None
                 else _held_gpus(nodes, snapshot.burst_runs))
         chooser = (SpotChooser(policy, ranked, snapshot.offering_health, now,
-                               choose_boot(policy, snapshot.boot_estimates).seconds)
+                               choose_boot(policy, snapshot.boot_estimates).seconds,
+                               partial(group_boot_s, policy, snapshot.boot_estimates))
                    if policy.spot.by_expected_cost else None)
         # Data staging (pool/project storage, job annotations): jobs whose data would take
         # longer to stage than their predicted on-prem wait are not burst (:mod:`.staging`).
@@ -491,7 +493,8 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     if not candidates:
         return split
     chooser = SpotChooser(policy, candidates, snapshot.offering_health, now,
-                          choose_boot(policy, snapshot.boot_estimates).seconds)
+                          choose_boot(policy, snapshot.boot_estimates).seconds,
+                          partial(group_boot_s, policy, snapshot.boot_estimates))
     early = [job for job in split.waiting if chooser.burst_early(job)]
     # A deferred job bursts in the last tick it has room for a restart, where its first choice
     # then is spot: past it, should on-prem not take it after all, its deadline burst has no room

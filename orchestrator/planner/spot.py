@@ -21,7 +21,10 @@ SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does
 of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for a new
 node. A job of wait so far ``w`` (now - submitted - ``Job.ran_s``, the earlier attempts' run of a
 requeued job; where the queue does not report it, that run counts as waiting and the job is assumed
-to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``. Interruptions
+to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``, ``boot`` being
+the boot of the job's launch group (``spot.learn_restart_wait``: the learned p90 of the slowest of
+``n`` boots, ``n`` its nodes on the smallest candidate node; :func:`.boot.group_boot_s`; else
+``trigger.expected_boot``): a relaunch of a job on 8 nodes waits for the slowest of 8. Interruptions
 are Poisson of mean ``N`` (the offering's expected count). With no room, the odds of a miss are
 ``P(X >= 1)``. With room, the job misses only if its first attempt is cut and, requeued, it runs
 out of room on spot and is cut again there; with no room the guard lets it on spot only at odds
@@ -46,7 +49,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -169,7 +172,8 @@ class SpotChooser:
 
     def __init__(self, policy: Policy, candidates: list[Candidate],
                  health: Mapping[str, OfferingHealth], now: datetime | None = None,
-                 boot_s: float | None = None):
+                 boot_s: float | None = None,
+                 group_boot: Callable[[int], float] | None = None):
         self.policy = policy
         self.candidates = candidates
         self.health = health
@@ -184,7 +188,12 @@ class SpotChooser:
         self.now = now
         self.guard = self.max_odds is not None and slo is not None and now is not None
         self.slo_s = slo.total_seconds() if slo is not None else 0.0
-        self.restart_wait_s = self.boot_s + TICK_S  # what one restart adds to the job's wait
+        # The boot of a launch group of n nodes (its slowest node; planner.boot.group_boot_s):
+        # a wide job's launch and restarts wait for it. Its n: the job's nodes on the smallest
+        # candidate node (the most it may take).
+        self.group_boot = group_boot
+        self.smallest_node = min((c.offering.gpus for c in candidates), default=1) or 1
+        self._boots: dict[int, float] = {}
         if spot.delay_usd_per_gpu_hour is not None:
             self.delay_rate = float(spot.delay_usd_per_gpu_hour)
         else:
@@ -215,22 +224,34 @@ class SpotChooser:
     def restarts_allowed(self, job: Job) -> int:
         """Restarts ``job``'s slack absorbs if it is launched for now (the SLO guard)."""
         # (a requeued job's earlier run is not waiting: ran_s, where the queue reports it)
+        boot = self.boot_for(job.gpus)
         since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
         waited = max(since - job.ran_s, 0.0)
-        slack = self.slo_s - waited - self.boot_s
+        slack = self.slo_s - waited - boot
         if slack <= 0:
             return 0
         # One restart absorbed is what the guard needs (see _guarded): the class key stays 0/1.
-        return min(int(slack // self.restart_wait_s), 1)
+        return min(int(slack // (boot + TICK_S)), 1)
+
+    def boot_for(self, gpus: int) -> float:
+        """The boot a job of ``gpus`` waits for, launched or relaunched: its launch group's
+        (``group_boot``), else the one boot allowed (``boot_s``)."""
+        boot = self._boots.get(gpus)
+        if boot is None:
+            nodes = -(-gpus // self.smallest_node)
+            boot = self._boots[gpus] = (self.group_boot(nodes) if self.group_boot is not None
+                                        else self.boot_s)
+        return boot
 
     def room_left_s(self, job: Job) -> float:
         """Seconds until ``job``, launched then, would have no room for a restart (negative:
         none now; the SLO guard)."""
         if not self.guard:
             return -math.inf
+        boot = self.boot_for(job.gpus)
         since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
         waited = max(since - job.ran_s, 0.0)
-        return self.slo_s - waited - self.boot_s - self.restart_wait_s
+        return self.slo_s - waited - boot - (boot + TICK_S)
 
     def rank(self, job: Job, count: bool = True) -> list[Candidate]:
         """The candidates for ``job``, by expected cost plus SLO risk (ties by key; with the SLO
@@ -298,6 +319,7 @@ class SpotChooser:
                    "alternatives": [dict(r) for r in records]}
             if self.guard:
                 row["restarts_allowed"] = key[3]
+                row["restart_wait_s"] = round(self.boot_for(gpus) + TICK_S, 1)
                 row["max_slo_miss_odds"] = self.max_odds
             out.append(row)
         return out
