@@ -20,8 +20,13 @@ went there:
   fell back to its on-demand twin, or on-demand nodes already up took it);
 * ``unranked``: never ranked (absorbed by burst room of other jobs' nodes);
 
-and both markets' dollars by job class (width x duration, ``bench/burst_tally.py``'s) and by
-the attempt (first, re-runs).
+and both markets' dollars by job class (width x duration, ``bench/burst_tally.py``'s), by the
+attempt (first, re-runs; a re-run by the wait at its job's first burst start), the first attempts
+the guard sent on demand by the wait at their first ranking and whether they were late before
+(deferred to on-prem, or late), the restart waits (an interruption's requeue to the next start) by
+nodes held, and the jobs over the SLO. The key is the job's *last* ranking: an earlier one that put
+on-demand first (by risk, say), keeping a late job from bursting early, shows as
+``guard-no-room`` when it reaches its deadline without room.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ billed time is the first boot plus the sum over the segments; the expected cost 
 time x the job's share of the node (its GPUs over the node's, whole nodes for a wider job). The
 SLO risk is the expected delay (``K`` per interruption, a retry back-off per stockout: ``s/(1-s)``
 failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_gpu_hour``
-(default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
+(default: the cheapest on-demand price per GPU-hour among the candidates; with the SLO guard, 0:
+the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering with the
 lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
 
 SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the odds
@@ -157,7 +158,8 @@ def price_job(gpus: int, duration_s: float, checkpoint_s: float | None, candidat
     run_usd = offering.price_usd_hour * billed_s / 3600.0 * share
     retries = stockout / (1.0 - stockout)
     delay_s = interruptions * restart_total + retries * STOCKOUT_RETRY_S
-    risk_usd = delay_s / 3600.0 * gpus * delay_usd_per_gpu_hour
+    # (no delay price: no risk, even for an infinite delay; inf x 0 would be NaN)
+    risk_usd = delay_s / 3600.0 * gpus * delay_usd_per_gpu_hour if delay_usd_per_gpu_hour else 0.0
     return JobPrice(candidate.key, offering.market, share, billed_s / 3600.0, interruptions,
                     max(run_s - duration_s, 0.0) / 3600.0, stockout, run_usd, risk_usd,
                     run_usd + risk_usd)
@@ -196,6 +198,12 @@ class SpotChooser:
         self._boots: dict[int, float] = {}
         if spot.delay_usd_per_gpu_hour is not None:
             self.delay_rate = float(spot.delay_usd_per_gpu_hour)
+        elif self.guard:
+            # The guard bounds the odds that restarts push a job past its SLO, and a delay
+            # within the SLO costs nothing by the SLO's own terms: priced on top, the delay
+            # counts the same risk twice (and sends wide jobs, whose delay is priced per GPU,
+            # on demand or to dearer offerings while their slack absorbs the restarts).
+            self.delay_rate = 0.0
         else:
             on_demand = [c.offering.price_per_gpu_hour for c in candidates
                          if c.offering.market is Market.ON_DEMAND]

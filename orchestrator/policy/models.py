@@ -497,7 +497,9 @@ class SpotChoice(PolicyModel):
     delay_usd_per_gpu_hour: Money | None = Field(
         default=None, le=MAX_PRICE_USD_HOUR,
         description="What an hour of delay to one GPU of a job costs (the SLO risk of a restart "
-        "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings.",
+        "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings, "
+        "or 0 with the SLO guard (max_slo_miss_odds bounds that risk; a delay within the SLO "
+        "costs nothing by its terms).",
     )
     max_slo_miss_odds: float | None = Field(
         default=None, gt=0, lt=1,

@@ -275,3 +275,23 @@ def test_a_deferred_job_whose_choice_with_room_is_on_demand_stays_deferred():
     result = plan(_deferred_snapshot(policy, job, at, hazard_h=1e6), [policy], at)
     assert not result.launches
     assert result.decisions[0].inputs["wait_aware"]["spot_last_room_jobs"] == 0
+
+
+def test_with_the_guard_the_delay_is_not_priced_unless_the_policy_prices_it():
+    # The guard bounds the SLO risk of restarts; the delay's dollar value on top would count it
+    # twice. Without the guard, or with an explicit delay price, the risk is priced.
+    job = make_job("wide", gpus=16, duration_s=10 * 3600, wait=timedelta(minutes=1))
+    for policy, priced in ((_guarded_policy(), False), (_policy(checkpoint_every="30m"), True),
+                           (_guarded_policy(delay_usd_per_gpu_hour=2), True)):
+        result = plan(_snapshot([job], _calm_and_stormy(policy, 0.2)), [policy], T0)
+        [choice] = result.decisions[0].inputs["spot_choice"]
+        spot_rows = [a for a in choice["alternatives"] if a["market"] == "spot"]
+        assert spot_rows and all((a["risk_usd"] > 0) == priced for a in spot_rows)
+
+
+def test_an_unpriced_infinite_delay_is_no_risk_not_nan():
+    offering = make_offering("g8s", price=4, market="spot")
+    price = price_job(8, 10 * 3600, None, Candidate(offering, None),
+                      OfferingHealth(offering.key, 1e6, 0.0), 180, 300, 0.0)
+    assert price.risk_usd == 0.0 and math.isinf(price.run_usd)
+    assert math.isinf(price.expected_cost_usd)
