@@ -50,13 +50,20 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo", type=float, default=1800.0)
+    parser.add_argument("--runs", default=None,
+                        help="comma-separated subset of the runs (greedy is always run: the ratio)")
+    parser.add_argument("--spot-policy", default=None, help="another policy file for itp-spot")
     args = parser.parse_args()
     trace = load_trace(args.trace)
     if args.days is not None:
         trace = trace.first_days(args.days)
     options = SimOptions(seed=args.seed, slo_s=args.slo, spot_data=True)
-    policies = {name: load_policy(HERE / "policies" / f"{name}.yaml") for name in RUNS}
-    reference = policies["itp-ondemand"]
+    names = RUNS if args.runs is None else tuple(n for n in RUNS if n in args.runs.split(","))
+    files = {name: HERE / "policies" / f"{name}.yaml" for name in RUNS}
+    if args.spot_policy:
+        files["itp-spot"] = Path(args.spot_policy)
+    reference = load_policy(files["itp-ondemand"])
+    policies = {name: load_policy(files[name]) for name in names}
     sizing = size_onprem(trace, reference, options.onprem, options.node_gpus)
     print(f"trace {trace.name}: {len(trace.jobs)} jobs; on-prem {sizing.gpus} GPUs; seed {args.seed}")
     results = {}

@@ -65,7 +65,8 @@ class Observer:
         # Learned capacity (offering_health) is computed when a policy chooses by expected cost.
         self.capacity_prior = capacity_prior or (lambda key: 0.0)
         self.learns = any(p.spot.by_expected_cost for p in self.policies)
-        self.learns_boot = any(p.trigger.learn_boot for p in self.policies)
+        self.learns_boot = any(p.trigger.learn_boot or p.spot.learn_restart_wait
+                               for p in self.policies)
 
     def catalogue(self) -> tuple[Offering, ...]:
         if self._catalogue is None:

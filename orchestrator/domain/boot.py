@@ -6,7 +6,10 @@ pessimistic (on-prem had more time than the rule allowed it) or, for a slow regi
 optimistic. A :class:`BootLearner` is fed each node's observed launch-to-ready time and answers a
 :class:`~orchestrator.domain.snapshot.BootEstimate` per offering: the weighted ``percentile``
 (p90 by default) of its latest :data:`KEEP` boots, each weighted ``0.5 ** (age / half_life_h)``,
-with the decayed number of boots it rests on. Whether there are enough of them (else the policy's
+with the decayed number of boots it rests on, and the same percentile for launch groups of
+:data:`GROUP_SIZES` nodes: a group is ready when its slowest node is, so a group of ``n``'s
+percentile ``p`` is one boot's ``p ** (1/n)`` quantile (the p90 of 8 boots is one boot's p98.7; of
+:data:`KEEP` boots, the slowest few). Whether there are enough of them (else the policy's
 ``expected_boot`` stands) is the planner's call (:mod:`orchestrator.planner.boot`), so the choice
 is recorded with the decision.
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from orchestrator.domain.snapshot import BootEstimate
 
 KEEP = 64  # boots kept per offering (older ones have decayed to little anyway)
+GROUP_SIZES = (2, 4, 8, 16, 32, 64)  # launch-group sizes whose boot an estimate works out
 RECOMPUTE_H = 1.0  # a cached estimate is recomputed after this much decay even without a boot
 
 
@@ -56,15 +60,21 @@ class BootLearner:
             return None
         weighted = sorted((s, 0.5 ** (max(t_h - t, 0.0) / self.half_life_h)) for t, s in boots)
         total = sum(w for _, w in weighted)
-        target = self.percentile * total
-        running = 0.0
-        value = weighted[-1][0]
-        for seconds, weight in weighted:
-            running += weight
-            if running >= target - 1e-12:
-                value = seconds
-                break
-        estimate = BootEstimate(key, round(value, 1), round(total, 2), self.percentile)
+
+        def quantile(q: float) -> float:
+            target = q * total
+            running = 0.0
+            for seconds, weight in weighted:
+                running += weight
+                if running >= target - 1e-12:
+                    return seconds
+            return weighted[-1][0]
+
+        # A group of n is ready when its slowest node is: P(max of n <= t) = F(t)^n, so the
+        # group's percentile p is one boot's p ** (1/n) quantile (independent boots).
+        groups = tuple((n, round(quantile(self.percentile ** (1.0 / n)), 1)) for n in GROUP_SIZES)
+        estimate = BootEstimate(key, round(quantile(self.percentile), 1), round(total, 2),
+                                self.percentile, groups)
         self._cache[key] = (t_h, estimate)
         return estimate
 
@@ -82,4 +92,4 @@ class BootLearner:
         return out
 
 
-__all__ = ["KEEP", "BootLearner"]
+__all__ = ["GROUP_SIZES", "KEEP", "BootLearner"]

@@ -171,13 +171,28 @@ class OfferingHealth:
 @dataclass(frozen=True, slots=True)
 class BootEstimate:
     """The learned launch-to-ready time of one offering (:mod:`orchestrator.domain.boot`): a high
-    percentile of the observed boots, decayed. ``samples``: the decayed number of boots it rests
-    on (the planner uses it once there are enough, else the policy's ``expected_boot``)."""
+    percentile of the observed boots, decayed, for one node and for launch groups. ``samples``:
+    the decayed number of boots it rests on (the planner uses it once there are enough, else the
+    policy's ``expected_boot``)."""
 
     offering_key: str
     boot_s: float
     samples: float
     percentile: float = 0.9
+    # (n, seconds) for launch groups of n nodes (2, 4, ... 64): the same percentile of the
+    # slowest of n boots, i.e. the percentile ** (1/n) quantile of one boot (a group is ready when
+    # its last node is); empty: not worked out (one node's boot_s stands for any group).
+    groups: tuple[tuple[int, float], ...] = ()
+
+    def group_boot_s(self, nodes: int) -> float:
+        """The boot of a launch group of ``nodes``: the smallest worked-out group at least that
+        large (past the largest, the largest's)."""
+        if nodes <= 1 or not self.groups:
+            return self.boot_s
+        for size, seconds in self.groups:
+            if size >= nodes:
+                return seconds
+        return self.groups[-1][1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -65,7 +66,7 @@ from orchestrator.domain.plan import (
 from orchestrator.domain.snapshot import BurstRun, PolicyMemory, PoolQueue, PrewarmRequest, Snapshot
 from orchestrator.planner import staging
 from orchestrator.planner.admission import Admission, NodeAdmitter, held_gpus
-from orchestrator.planner.boot import BootChoice, choose_boot
+from orchestrator.planner.boot import BootChoice, choose_boot, group_boot_s
 from orchestrator.planner.budgets import BudgetBook, commitment_usd, in_scope
 from orchestrator.planner.census import Census, take_census
 from orchestrator.planner.demand import (
@@ -94,7 +95,7 @@ from orchestrator.planner.scaleup import (
     grant_nodes,
     pool_budget,
 )
-from orchestrator.planner.spot import SpotChooser
+from orchestrator.planner.spot import TICK_S, SpotChooser
 from orchestrator.planner.wait import (
     NodeRules,
     WaitSplit,
@@ -195,7 +196,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         rules = (_node_rules(policy, snapshot, now)
                  if policy.trigger.wait_model is WaitModel.NODES else None)
         split = _split(demand.unmet, demand.onprem_absorbed, queue, policy, now, boot, rules)
-        if split.waiting and policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds:
+        if ((split.waiting or split.deferred) and policy.spot.by_expected_cost
+                and policy.spot.max_slo_miss_odds):
             split = _spot_early(split, demand.unmet, policy, snapshot, now)
         if split.deferred or split.waiting:  # else every unmet job is due: the tallies hold
             demand = demand.narrowed(split.due, split.deferred + split.waiting)
@@ -292,7 +294,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         held = (dict(held_now) if held_now is not None
                 else _held_gpus(nodes, snapshot.burst_runs))
         chooser = (SpotChooser(policy, ranked, snapshot.offering_health, now,
-                               choose_boot(policy, snapshot.boot_estimates).seconds)
+                               choose_boot(policy, snapshot.boot_estimates).seconds,
+                               partial(group_boot_s, policy, snapshot.boot_estimates))
                    if policy.spot.by_expected_cost else None)
         # Data staging (pool/project storage, job annotations): jobs whose data would take
         # longer to stage than their predicted on-prem wait are not burst (:mod:`.staging`).
@@ -345,7 +348,8 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
             summary += "; launch group(s): " + ", ".join(
                 f"{g} ({lc.group_size}x {lc.offering.key})" for g, lc in groups.items())
 
-    if split is not None and (split.deferred or split.waiting or split.spot_early):
+    if split is not None and (split.deferred or split.waiting or split.spot_early
+                              or split.spot_last_room):
         summary = f"{summary}; {split.text()}"
     # The wait each job burst this tick avoids (planner.forecast): the jobs launched for, and
     # those about to start on burst nodes ready or booting.
@@ -489,10 +493,20 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     if not candidates:
         return split
     chooser = SpotChooser(policy, candidates, snapshot.offering_health, now,
-                          choose_boot(policy, snapshot.boot_estimates).seconds)
+                          choose_boot(policy, snapshot.boot_estimates).seconds,
+                          partial(group_boot_s, policy, snapshot.boot_estimates))
     early = [job for job in split.waiting if chooser.burst_early(job)]
-    if not early:
-        return split
+    # A deferred job bursts in the last tick it has room for a restart, where its first choice
+    # then is spot: past it, should on-prem not take it after all, its deadline burst has no room
+    # and goes on demand (for the whole of its run).
+    room_left = [(job, chooser.room_left_s(job)) for job in split.deferred]
+    last = [job for job, left in room_left if 0.0 <= left < TICK_S and chooser.burst_early(job)]
+    # The split holds only until the next such tick (a whole number of ticks from now).
+    ends = [left for _, left in room_left if left >= TICK_S]
+    holds_s = min(split.holds_s, min(ends, default=math.inf) // TICK_S * TICK_S)
+    if not early and not last:
+        return replace(split, holds_s=holds_s) if holds_s < split.holds_s else split
+    early += last
     early_ids = {job.id for job in early}
     due_ids = early_ids | set(split.due.ids() if isinstance(split.due, JobsView)
                               else (job.id for job in split.due))
@@ -502,14 +516,16 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     else:
         due = tuple(job for job in unmet if job.id in due_ids)
     left = tuple(job for job in split.waiting if job.id not in early_ids)
+    deferred = tuple(job for job in split.deferred if job.id not in early_ids)
     deadlines = [job.submitted_at for job in left]
     earliest = split.earliest_burst_at if left else None
     if left and split.earliest_burst_at is not None:
         # the first deadline among those still waiting (the same lead for every job)
         lead = split.earliest_burst_at - min(j.submitted_at for j in split.waiting)
         earliest = min(deadlines) + lead
-    return replace(split, due=due, waiting=left, earliest_burst_at=earliest,
-                   spot_early=len(early), holds_s=0.0)  # (its odds read the clock: no claim)
+    return replace(split, due=due, waiting=left, deferred=deferred, earliest_burst_at=earliest,
+                   spot_early=len(early) - len(last), spot_last_room=len(last),
+                   holds_s=0.0)  # (its odds read the clock: no claim)
 
 
 def _model_name(policy: Policy, queue: PoolQueue) -> str:

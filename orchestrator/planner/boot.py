@@ -63,4 +63,19 @@ def choose_boot(policy: Policy, estimates: dict[str, BootEstimate]) -> BootChoic
     return BootChoice(best.boot_s, "learned", best.offering_key, best.samples)
 
 
-__all__ = ["MIN_SAMPLES", "BootChoice", "choose_boot"]
+def group_boot_s(policy: Policy, estimates: dict[str, BootEstimate], nodes: int) -> float:
+    """The boot a launch group of ``nodes`` waits for (its slowest node; the SLO guard's room
+    for a restart, :mod:`.spot`): with ``trigger.learn_boot`` or ``spot.learn_restart_wait`` and
+    enough boots, the slowest of the policy's learned offerings' group estimates
+    (:meth:`~orchestrator.domain.snapshot.BootEstimate.group_boot_s`); else the policy's
+    ``expected_boot`` (a constant that is to cover the slowest boots already)."""
+    fixed = policy.trigger.expected_boot.total_seconds()
+    if not (policy.trigger.learn_boot or policy.spot.learn_restart_wait) or not estimates:
+        return fixed
+    specs = {(s.provider, s.region, s.instance_type) for s in policy.offerings}
+    return max((estimates[key].group_boot_s(nodes) for key in sorted(estimates)
+                if estimates[key].samples >= MIN_SAMPLES and _matches(key, specs)),
+               default=fixed)
+
+
+__all__ = ["MIN_SAMPLES", "BootChoice", "choose_boot", "group_boot_s"]

@@ -14,14 +14,18 @@ billed time is the first boot plus the sum over the segments; the expected cost 
 time x the job's share of the node (its GPUs over the node's, whole nodes for a wider job). The
 SLO risk is the expected delay (``K`` per interruption, a retry back-off per stockout: ``s/(1-s)``
 failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_gpu_hour``
-(default: the cheapest on-demand price per GPU-hour among the candidates). The offering with the
+(default: the cheapest on-demand price per GPU-hour among the candidates; with the SLO guard, 0:
+the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering with the
 lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
 
 SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the odds
 of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for a new
 node. A job of wait so far ``w`` (now - submitted - ``Job.ran_s``, the earlier attempts' run of a
 requeued job; where the queue does not report it, that run counts as waiting and the job is assumed
-to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``. Interruptions
+to have no slack left) has room for a restart when ``SLO - w - boot >= boot + tick``, ``boot`` being
+the boot of the job's launch group (``spot.learn_restart_wait``: the learned p90 of the slowest of
+``n`` boots, ``n`` its nodes on the smallest candidate node; :func:`.boot.group_boot_s`; else
+``trigger.expected_boot``): a relaunch of a job on 8 nodes waits for the slowest of 8. Interruptions
 are Poisson of mean ``N`` (the offering's expected count). With no room, the odds of a miss are
 ``P(X >= 1)``. With room, the job misses only if its first attempt is cut and, requeued, it runs
 out of room on spot and is cut again there; with no room the guard lets it on spot only at odds
@@ -31,7 +35,11 @@ odds are above the bound is ranked after every offering within it (kept last: wh
 on offer it is still used). A late job (``trigger.wait_slo``) whose first choice under the guard is
 spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting would
 only spend the slack its restarts need; on-demand first choices wait for their deadline, as on-prem
-may still take them.
+may still take them. A job deferred to on-prem (predicted to start there within its SLO) bursts in
+the last tick it has room for a restart (:meth:`SpotChooser.room_left_s` under one tick) where its
+first choice then is spot: past that tick, should on-prem not take it after all, its deadline burst
+has no room and the guard puts it on demand for the whole of its run; bursting it then on spot costs
+the spot run (about a third of on-demand's) in the cases on-prem would have taken it.
 
 Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval; with the guard,
 whether it has room for a restart): a queue of 100k jobs has few.
@@ -42,7 +50,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -150,7 +158,8 @@ def price_job(gpus: int, duration_s: float, checkpoint_s: float | None, candidat
     run_usd = offering.price_usd_hour * billed_s / 3600.0 * share
     retries = stockout / (1.0 - stockout)
     delay_s = interruptions * restart_total + retries * STOCKOUT_RETRY_S
-    risk_usd = delay_s / 3600.0 * gpus * delay_usd_per_gpu_hour
+    # (no delay price: no risk, even for an infinite delay; inf x 0 would be NaN)
+    risk_usd = delay_s / 3600.0 * gpus * delay_usd_per_gpu_hour if delay_usd_per_gpu_hour else 0.0
     return JobPrice(candidate.key, offering.market, share, billed_s / 3600.0, interruptions,
                     max(run_s - duration_s, 0.0) / 3600.0, stockout, run_usd, risk_usd,
                     run_usd + risk_usd)
@@ -165,7 +174,8 @@ class SpotChooser:
 
     def __init__(self, policy: Policy, candidates: list[Candidate],
                  health: Mapping[str, OfferingHealth], now: datetime | None = None,
-                 boot_s: float | None = None):
+                 boot_s: float | None = None,
+                 group_boot: Callable[[int], float] | None = None):
         self.policy = policy
         self.candidates = candidates
         self.health = health
@@ -180,9 +190,20 @@ class SpotChooser:
         self.now = now
         self.guard = self.max_odds is not None and slo is not None and now is not None
         self.slo_s = slo.total_seconds() if slo is not None else 0.0
-        self.restart_wait_s = self.boot_s + TICK_S  # what one restart adds to the job's wait
+        # The boot of a launch group of n nodes (its slowest node; planner.boot.group_boot_s):
+        # a wide job's launch and restarts wait for it. Its n: the job's nodes on the smallest
+        # candidate node (the most it may take).
+        self.group_boot = group_boot
+        self.smallest_node = min((c.offering.gpus for c in candidates), default=1) or 1
+        self._boots: dict[int, float] = {}
         if spot.delay_usd_per_gpu_hour is not None:
             self.delay_rate = float(spot.delay_usd_per_gpu_hour)
+        elif self.guard:
+            # The guard bounds the odds that restarts push a job past its SLO, and a delay
+            # within the SLO costs nothing by the SLO's own terms: priced on top, the delay
+            # counts the same risk twice (and sends wide jobs, whose delay is priced per GPU,
+            # on demand or to dearer offerings while their slack absorbs the restarts).
+            self.delay_rate = 0.0
         else:
             on_demand = [c.offering.price_per_gpu_hour for c in candidates
                          if c.offering.market is Market.ON_DEMAND]
@@ -211,13 +232,34 @@ class SpotChooser:
     def restarts_allowed(self, job: Job) -> int:
         """Restarts ``job``'s slack absorbs if it is launched for now (the SLO guard)."""
         # (a requeued job's earlier run is not waiting: ran_s, where the queue reports it)
+        boot = self.boot_for(job.gpus)
         since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
         waited = max(since - job.ran_s, 0.0)
-        slack = self.slo_s - waited - self.boot_s
+        slack = self.slo_s - waited - boot
         if slack <= 0:
             return 0
         # One restart absorbed is what the guard needs (see _guarded): the class key stays 0/1.
-        return min(int(slack // self.restart_wait_s), 1)
+        return min(int(slack // (boot + TICK_S)), 1)
+
+    def boot_for(self, gpus: int) -> float:
+        """The boot a job of ``gpus`` waits for, launched or relaunched: its launch group's
+        (``group_boot``), else the one boot allowed (``boot_s``)."""
+        boot = self._boots.get(gpus)
+        if boot is None:
+            nodes = -(-gpus // self.smallest_node)
+            boot = self._boots[gpus] = (self.group_boot(nodes) if self.group_boot is not None
+                                        else self.boot_s)
+        return boot
+
+    def room_left_s(self, job: Job) -> float:
+        """Seconds until ``job``, launched then, would have no room for a restart (negative:
+        none now; the SLO guard)."""
+        if not self.guard:
+            return -math.inf
+        boot = self.boot_for(job.gpus)
+        since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
+        waited = max(since - job.ran_s, 0.0)
+        return self.slo_s - waited - boot - (boot + TICK_S)
 
     def rank(self, job: Job, count: bool = True) -> list[Candidate]:
         """The candidates for ``job``, by expected cost plus SLO risk (ties by key; with the SLO
@@ -285,6 +327,7 @@ class SpotChooser:
                    "alternatives": [dict(r) for r in records]}
             if self.guard:
                 row["restarts_allowed"] = key[3]
+                row["restart_wait_s"] = round(self.boot_for(gpus) + TICK_S, 1)
                 row["max_slo_miss_odds"] = self.max_odds
             out.append(row)
         return out

@@ -71,6 +71,7 @@ class WaitSplit:
     model: str = ""  # the on-prem model used ("" for the pooled default; see record())
     displaced: tuple[dict, ...] = ()  # trigger.displacement: who went to the cloud for whom
     spot_early: int = 0  # late jobs made due before their deadline: spot first (SLO guard)
+    spot_last_room: int = 0  # deferred jobs made due in their last tick of room (SLO guard)
     margin: timedelta | None = None  # trigger.onprem_margin, where it applied
     # How long (s from now) the same snapshot planned a whole number of minutes later splits the
     # same way (inf: for ever; 0: no claim): see "Until when the split holds" above.
@@ -102,6 +103,7 @@ class WaitSplit:
             out["displaced"] = list(self.displaced)
         if policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds is not None:
             out["spot_early_jobs"] = self.spot_early
+            out["spot_last_room_jobs"] = self.spot_last_room
         if trigger.spare_room.enabled:
             out["spare_room"] = (self.spare.inputs() if self.spare is not None
                                  else KeptOnPrem((), (), trigger.spare_room.max_extension).inputs())
@@ -116,6 +118,9 @@ class WaitSplit:
             parts.append(f"{self.spot_early} late job(s) burst before their deadline: spot is "
                          "their first choice and waiting would spend the slack restarts need "
                          "(spot.max_slo_miss_odds)")
+        if self.spot_last_room:
+            parts.append(f"{self.spot_last_room} deferred job(s) burst on spot in their last tick "
+                         "of room for a restart (spot.max_slo_miss_odds)")
         if self.deferred:
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
                          "(predicted to start within wait_slo)")

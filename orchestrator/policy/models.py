@@ -497,7 +497,9 @@ class SpotChoice(PolicyModel):
     delay_usd_per_gpu_hour: Money | None = Field(
         default=None, le=MAX_PRICE_USD_HOUR,
         description="What an hour of delay to one GPU of a job costs (the SLO risk of a restart "
-        "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings.",
+        "or a stockout); unset: the cheapest on-demand price per GPU-hour among the offerings, "
+        "or 0 with the SLO guard (max_slo_miss_odds bounds that risk; a delay within the SLO "
+        "costs nothing by its terms).",
     )
     max_slo_miss_odds: float | None = Field(
         default=None, gt=0, lt=1,
@@ -505,7 +507,16 @@ class SpotChoice(PolicyModel):
         "on offer) when the odds that its restarts push the job's wait past trigger.wait_slo "
         "exceed this (interruptions Poisson at the offering's hazard; each restart waits a "
         "boot and a tick); a late job whose best guarded choice is spot bursts at once rather "
-        "than at its deadline, while its slack can still absorb restarts. Unset: no guard.",
+        "than at its deadline, while its slack can still absorb restarts; a job deferred to "
+        "on-prem bursts on spot in the last tick it has room for a restart. Unset: no guard.",
+    )
+    learn_restart_wait: bool = Field(
+        default=False,
+        description="SLO guard: count a job's room for a restart with the learned boot of its "
+        "launch group (per offering, the p90 of the slowest of n boots observed, n the job's "
+        "nodes) instead of trigger.expected_boot, once enough boots are seen (as "
+        "trigger.learn_boot). The wait-aware deadline keeps trigger.expected_boot unless "
+        "trigger.learn_boot is set too.",
     )
 
     @model_validator(mode="after")

@@ -221,7 +221,7 @@ def replay(controller: Controller, policy: Policy, sim_policy: Policy, trace: Tr
         usable, _ = resolve_candidates(sim_policy, tuple(provider.offerings()), (), at(0))
         priors = published_priors([c.offering for c in usable]) if options.spot_data else {}
         engine.learner = CapacityLearner(priors, pool_by=region_market)
-    if sim_policy.trigger.learn_boot:
+    if sim_policy.trigger.learn_boot or sim_policy.spot.learn_restart_wait:
         engine.boot_learner = BootLearner()
     engine.run()
     return engine

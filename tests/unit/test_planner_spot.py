@@ -223,3 +223,75 @@ def test_a_requeued_job_that_reports_its_earlier_run_keeps_its_room_for_a_restar
     assert spot.offering.market is Market.SPOT
     [unreported] = plan(_snapshot([ran], health), [policy], T0).launches
     assert unreported.offering.key == _key(policy, 1)  # counted as waiting: no room, on demand
+
+
+# -- deferred jobs in their last tick of room for a restart (SLO guard) -------------------------
+
+def _deferred_snapshot(policy, job, at, hazard_h=0.1):
+    """On-prem: one 8-GPU node, busy until T0 + 20 min (the job is predicted to start there
+    within its SLO: deferred)."""
+    from orchestrator.domain.snapshot import OnPremRelease, PolicyMemory
+    snap = make_snapshot([job], onprem_free=(0,), onprem_total=8, taken_at=at,
+                         memory={policy.name: PolicyMemory(trigger_since=T0 - timedelta(hours=1))})
+    queue = snap.queues[next(iter(snap.queues))]
+    queue = replace(queue, onprem_releases=(OnPremRelease(8, T0 + timedelta(minutes=20), 0),),
+                    running_onprem_jobs=1)
+    return replace(snap, queues={queue.pool: queue},
+                   offering_health=_calm_and_stormy(policy, hazard_h))
+
+
+def test_a_deferred_job_bursts_on_spot_in_its_last_tick_of_room():
+    # SLO 30 min, boot 5 min, a restart 6 min: waited 1 min at T0, the job has room for a
+    # restart until it has waited 30 - 5 - 6 = 19 min, i.e. T0 + 18 min.
+    policy = _guarded_policy()
+    policy = policy.model_copy(update={"trigger": policy.trigger.model_copy(
+        update={"sustained_for": timedelta(0)})})
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=1))
+    first = plan(_deferred_snapshot(policy, job, T0), [policy], T0)
+    assert not first.launches
+    wait = first.decisions[0].inputs["wait_aware"]
+    assert wait["deferred_to_onprem_jobs"] == 1 and wait["spot_last_room_jobs"] == 0
+    at = T0 + timedelta(minutes=17)  # room for one more tick: still deferred
+    assert not plan(_deferred_snapshot(policy, job, at), [policy], at).launches
+    at = T0 + timedelta(minutes=18)
+    last = plan(_deferred_snapshot(policy, job, at), [policy], at)
+    [launch] = last.launches
+    assert launch.offering.market is Market.SPOT
+    wait = last.decisions[0].inputs["wait_aware"]
+    assert wait["spot_last_room_jobs"] == 1 and wait["deferred_to_onprem_jobs"] == 0
+    assert "last tick of room" in last.decisions[0].summary
+    # a minute later it has no room: deferred again (on-prem may take it; else on demand)
+    at = T0 + timedelta(minutes=19)
+    after = plan(_deferred_snapshot(policy, job, at), [policy], at)
+    assert not after.launches
+    assert after.decisions[0].inputs["wait_aware"]["spot_last_room_jobs"] == 0
+
+
+def test_a_deferred_job_whose_choice_with_room_is_on_demand_stays_deferred():
+    # Interrupted several times an hour on 2 nodes' worth: even with room the guard says on demand.
+    policy = _guarded_policy()
+    job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=1))
+    at = T0 + timedelta(minutes=18)
+    result = plan(_deferred_snapshot(policy, job, at, hazard_h=1e6), [policy], at)
+    assert not result.launches
+    assert result.decisions[0].inputs["wait_aware"]["spot_last_room_jobs"] == 0
+
+
+def test_with_the_guard_the_delay_is_not_priced_unless_the_policy_prices_it():
+    # The guard bounds the SLO risk of restarts; the delay's dollar value on top would count it
+    # twice. Without the guard, or with an explicit delay price, the risk is priced.
+    job = make_job("wide", gpus=16, duration_s=10 * 3600, wait=timedelta(minutes=1))
+    for policy, priced in ((_guarded_policy(), False), (_policy(checkpoint_every="30m"), True),
+                           (_guarded_policy(delay_usd_per_gpu_hour=2), True)):
+        result = plan(_snapshot([job], _calm_and_stormy(policy, 0.2)), [policy], T0)
+        [choice] = result.decisions[0].inputs["spot_choice"]
+        spot_rows = [a for a in choice["alternatives"] if a["market"] == "spot"]
+        assert spot_rows and all((a["risk_usd"] > 0) == priced for a in spot_rows)
+
+
+def test_an_unpriced_infinite_delay_is_no_risk_not_nan():
+    offering = make_offering("g8s", price=4, market="spot")
+    price = price_job(8, 10 * 3600, None, Candidate(offering, None),
+                      OfferingHealth(offering.key, 1e6, 0.0), 180, 300, 0.0)
+    assert price.risk_usd == 0.0 and math.isinf(price.run_usd)
+    assert math.isinf(price.expected_cost_usd)
