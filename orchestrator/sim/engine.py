@@ -51,21 +51,19 @@ _gc_saved: list[tuple[int, ...]] = []
 
 @contextmanager
 def _collector_for_a_run() -> Iterator[None]:
-    """The cyclic garbage collector, not the replay, was a tenth of the full ITP replay: its full
-    passes walk every object (a tenth of a second each with the trace loaded), and a plan makes
-    and drops thousands of containers (the node space's step lists), which set off a young pass
-    every 700. The trace, the world's jobs and the run's set-up live for the whole run: frozen,
-    no pass walks them; young passes every :data:`YOUNG_GC` containers. Garbage is collected as
-    before (reference counts free nearly all of it at once); both are put back after the run."""
+    """The cyclic garbage collector, not the replay, was a tenth of the full ITP replay: a plan
+    makes and drops thousands of containers (the node space's step lists), which set off a young
+    pass every 700 with CPython's defaults, and a full pass walks every object (a tenth of a
+    second each with the trace loaded). During a run young passes come every :data:`YOUNG_GC`
+    containers at least (a burst process's own thresholds, orchestrator.gctune, are higher);
+    they are put back after the run. Nothing is frozen: freezing the run's set-up saved no more
+    once the passes were rarer, froze the garbage the set-up left (~50 MiB on the full ITP
+    trace), and the full collection that avoids it cost seconds per replay in a process holding
+    much else (the test suite's)."""
     with _gc_lock:
         if not _gc_runs[0]:
             thresholds = gc.get_threshold()
             _gc_saved[:] = [thresholds]
-            # Collect first: whatever garbage the set-up left in the generations would be frozen
-            # with the rest and never freed (with burst's thresholds, orchestrator.gctune, the
-            # trace's loading left ~50 MiB of it).
-            gc.collect()
-            gc.freeze()
             gc.set_threshold(max(thresholds[0], YOUNG_GC), *thresholds[1:])
         _gc_runs[0] += 1
     try:
@@ -75,7 +73,6 @@ def _collector_for_a_run() -> Iterator[None]:
             _gc_runs[0] -= 1
             if not _gc_runs[0]:
                 gc.set_threshold(*_gc_saved[0])
-                gc.unfreeze()
 
 
 STALL_S = 6 * 3600.0  # stop when nothing has changed this long after the last arrival

@@ -1,5 +1,5 @@
-"""A replay sets the garbage collector up for itself (orchestrator.sim.engine: what exists when it
-starts frozen, young passes rarer) and puts it back after, also after a failure and where runs
+"""A replay sets the garbage collector up for itself (orchestrator.sim.engine: young passes
+rarer, nothing frozen) and puts it back after, also after a failure and where runs
 overlap (threads): the last run to end restores it."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def test_the_collector_is_put_back_after_nested_runs_and_failures():
     assert gc.get_freeze_count() == 0
 
 
-def test_garbage_left_before_a_run_is_collected_not_frozen():
-    # A cycle no one holds any more, left uncollected (the collector off, as between the passes
-    # of high thresholds): the run must not freeze it for its whole length.
+def test_garbage_left_before_a_run_is_not_frozen_for_the_run():
+    # A cycle no one holds any more, left uncollected (as between the passes of high
+    # thresholds): a run freezes nothing, so the collector can still free it during the run.
     import weakref
 
     class Cyclic:
@@ -40,6 +40,8 @@ def test_garbage_left_before_a_run_is_collected_not_frozen():
         del first, second
         assert gone() is not None  # still there: only the collector frees a cycle
         with engine._collector_for_a_run():
+            assert gc.get_freeze_count() == 0
+            gc.collect()
             assert gone() is None
     finally:
         if enabled:
