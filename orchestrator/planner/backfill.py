@@ -37,6 +37,8 @@ from heapq import heappop, heappush
 from itertools import compress, count
 from operator import itemgetter
 
+import numpy as np
+
 Allocation = tuple[tuple[int, int], ...]  # ((node index, GPUs used), ...), as orchestrator.sim.pool
 
 INF = math.inf
@@ -78,7 +80,9 @@ class NodeSpace:
     (``frees[k]`` GPUs are free from ``times[k]`` until ``times[k + 1]``), starting at ``now``."""
 
     __slots__ = (
+        "_by_next",
         "_dirty",
+        "_next",
         "_smallest",
         "_opens",
         "_own",
@@ -162,6 +166,12 @@ class NodeSpace:
         # Whether each node's step lists are this space's own (False: shared with a copy, and
         # copied by the first hold on the node).
         self._own = [True] * len(self.sizes)
+        # Each node's second step (``_next``: its first after now; INF: none) and the nodes by
+        # it, sorted (``_by_next``), once a one-node job asked: a node with too few GPUs free now
+        # cannot start one before its second step, so the scan stops at the first past the best
+        # start found. Kept through holds; None before.
+        self._next: list[float] | None = None
+        self._by_next: list[int] | None = None
 
     def copy(self) -> NodeSpace:
         """An independent copy (what holds on either change is its own). The nodes' step lists
@@ -179,6 +189,9 @@ class NodeSpace:
         new._widest = self._widest
         new._opens = None if self._opens is None else list(self._opens)
         new._dirty = set(self._dirty)
+        self._nodes_by_next_step()  # (made once, before the copies take it along)
+        new._next = list(self._next)  # type: ignore[arg-type]
+        new._by_next = list(self._by_next)  # type: ignore[arg-type]
         new._own = [False] * len(self.sizes)
         self._own = [False] * len(self.sizes)
         return new
@@ -198,45 +211,57 @@ class NodeSpace:
         if gpus > self.node_size:
             return self._earliest_whole(gpus, limit_s)
         best_start, best_room, best_node = INF, 0, -1
-        all_times, all_frees = self.times, self.frees
-        if self._smallest >= gpus:  # (every node holds it: no size to look at)
-            nodes: Iterable[tuple[int, list[float], list[int]]] = zip(
-                count(), all_times, all_frees)
-        else:
-            nodes = ((node, all_times[node], all_frees[node])
-                     for node, size in enumerate(self.sizes) if size >= gpus)
-        for node, times, frees in nodes:
-            # Every node's first step is now, where few are free enough on a busy cluster: such
-            # a node is left at once when its next step is past the best start found.
-            if frees[0] < gpus:
-                if len(times) == 1 or times[1] > best_start:
-                    continue
-                k = 1
-            else:
-                k = 0
-            n = len(times)
-            while k < n:
-                start = times[k]
-                if start > best_start:
-                    break
-                room = frees[k]
-                if room < gpus:
-                    k += 1
-                    continue
-                end = start + limit_s
-                j = k + 1
-                while j < n and times[j] < end:
-                    if frees[j] < gpus:
-                        break
-                    j += 1
-                else:  # the node's first window: it wins if earlier, or as early with less room
-                    if start < best_start or room < best_room:
-                        best_start, best_room, best_node = start, room, node
-                    break
-                k = j + 1
+        all_times, all_frees, sizes = self.times, self.frees, self.sizes
+        sized = self._smallest < gpus  # (some node is too small for it)
+        # The nodes with enough GPUs free now (few on a busy cluster), from their first step;
+        # then the others by their second step, until it is past the best start found. The
+        # best by (start, room, node), whatever the order they are read in.
+        for node in self.free_nodes:
+            if all_frees[node][0] < gpus or (sized and sizes[node] < gpus):
+                continue
+            found = _first_window(all_times[node], all_frees[node], 0, gpus, limit_s,
+                                  best_start)
+            if found is not None and (found[0], found[1], node) < (best_start, best_room,
+                                                                    best_node if best_node >= 0
+                                                                    else len(sizes)):
+                best_start, best_room, best_node = found[0], found[1], node
+        after = self._nodes_by_next_step()
+        for node in self._by_next:  # type: ignore[union-attr]
+            if after[node] > best_start:
+                break
+            frees = all_frees[node]
+            if frees[0] >= gpus or (sized and sizes[node] < gpus):
+                continue
+            found = _first_window(all_times[node], frees, 1, gpus, limit_s, best_start)
+            if found is not None and (found[0], found[1], node) < (best_start, best_room,
+                                                                    best_node if best_node >= 0
+                                                                    else len(sizes)):
+                best_start, best_room, best_node = found[0], found[1], node
         if best_node < 0:
             return None
         return best_start, ((best_node, gpus),)
+
+    def _nodes_by_next_step(self) -> list[float]:
+        """Each node's second step (``_next``), with ``_by_next`` made where it is not yet."""
+        if self._by_next is None:
+            after = [times[1] if len(times) > 1 else INF for times in self.times]
+            self._next = after
+            # (one C-level sort of the floats: ties in any order, the scan compares fully)
+            self._by_next = np.argsort(np.array(after, dtype=np.float64)).tolist()
+        return self._next  # type: ignore[return-value]
+
+    def _move_next(self, node: int, after: float) -> None:
+        """Node ``node``'s second step is now ``after``: its place in ``_by_next`` follows."""
+        nexts, by_next = self._next, self._by_next
+        before = nexts[node]  # type: ignore[index]
+        if after == before:
+            return
+        at = bisect_left(by_next, before, key=nexts.__getitem__)  # type: ignore[arg-type,union-attr]
+        while by_next[at] != node:  # type: ignore[index]  (past those with an equal step)
+            at += 1
+        del by_next[at]  # type: ignore[union-attr]
+        nexts[node] = after  # type: ignore[index]
+        insort(by_next, node, key=nexts.__getitem__)  # type: ignore[arg-type,union-attr]
 
     def fits_now(self, gpus: int, limit_s: float) -> Allocation | None:
         """Where a job would start now (None if nowhere), without changing anything: the
@@ -337,6 +362,33 @@ class NodeSpace:
                     self.free_nodes.discard(node)
             for k in range(a, b):
                 frees[k] -= gpus
+            if self._by_next is not None:
+                self._move_next(node, times[1] if len(times) > 1 else INF)
+
+
+def _first_window(times: list[float], frees: list[int], k: int, gpus: int, limit_s: float,
+                  bound: float) -> tuple[float, int] | None:
+    """One node's first window for a job from step ``k`` on, as (start, free GPUs there), if
+    it starts by ``bound`` (None otherwise: read no further)."""
+    n = len(times)
+    while k < n:
+        start = times[k]
+        if start > bound:
+            return None
+        room = frees[k]
+        if room < gpus:
+            k += 1
+            continue
+        end = start + limit_s
+        j = k + 1
+        while j < n and times[j] < end:
+            if frees[j] < gpus:
+                break
+            j += 1
+        else:
+            return start, room
+        k = j + 1
+    return None
 
 
 def _whole_windows(times: list[float], frees: list[int], size: int
