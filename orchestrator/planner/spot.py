@@ -15,8 +15,9 @@ time x the job's share of the node (its GPUs over the node's, whole nodes for a 
 SLO risk is the expected delay (``K`` per interruption, a retry back-off per stockout: ``s/(1-s)``
 failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_gpu_hour``
 (default: the cheapest on-demand price per GPU-hour among the candidates; with the SLO guard, 0:
-the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering with the
-lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
+the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering
+with the lowest expected cost plus risk takes the job; every alternative is kept for the decision
+record.
 
 SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the odds
 of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for a new
