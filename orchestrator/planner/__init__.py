@@ -95,7 +95,7 @@ from orchestrator.planner.scaleup import (
     grant_nodes,
     pool_budget,
 )
-from orchestrator.planner.spot import TICK_S, SpotChooser
+from orchestrator.planner.spot import DEFERRED_RELAUNCHES, TICK_S, SpotChooser
 from orchestrator.planner.wait import (
     NodeRules,
     WaitSplit,
@@ -496,14 +496,14 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
                           choose_boot(policy, snapshot.boot_estimates).seconds,
                           partial(group_boot_s, policy, snapshot.boot_estimates))
     early = [job for job in split.waiting if chooser.burst_early(job)]
-    # A deferred job bursts in the last tick it has room for a restart, where its first choice
-    # then is spot: past it, should on-prem not take it after all, its deadline burst has no room
-    # and goes on demand (for the whole of its run).
-    room_left = [(job, chooser.room_left_s(job)) for job in split.deferred]
+    # A deferred job bursts in the last tick it has room for a restart and a relaunch, where its
+    # first choice then is spot: past it, should on-prem not take it after all, its deadline
+    # burst has no room and goes on demand (for the whole of its run).
+    room_left = [(job, chooser.room_left_s(job, DEFERRED_RELAUNCHES)) for job in split.deferred]
     last = [job for job, left in room_left if 0.0 <= left < TICK_S and chooser.burst_early(job)]
     # The split holds only until the next such tick (a whole number of ticks from now).
     ends = [left for _, left in room_left if left >= TICK_S]
-    holds_s = min(split.holds_s, min(ends, default=math.inf) // TICK_S * TICK_S)
+    holds_s = min([split.holds_s, *(left // TICK_S * TICK_S for left in ends)])
     if not early and not last:
         return replace(split, holds_s=holds_s) if holds_s < split.holds_s else split
     early += last

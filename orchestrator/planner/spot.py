@@ -15,8 +15,9 @@ time x the job's share of the node (its GPUs over the node's, whole nodes for a 
 SLO risk is the expected delay (``K`` per interruption, a retry back-off per stockout: ``s/(1-s)``
 failed launches at stockout odds ``s``) x the job's GPUs x ``spot.delay_usd_per_gpu_hour``
 (default: the cheapest on-demand price per GPU-hour among the candidates; with the SLO guard, 0:
-the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering with the
-lowest expected cost plus risk takes the job; every alternative is kept for the decision record.
+the guard bounds the SLO risk, and a delay within the SLO costs nothing by its terms). The offering
+with the lowest expected cost plus risk takes the job; every alternative is kept for the decision
+record.
 
 SLO guard (``spot.max_slo_miss_odds``): an expected delay priced in dollars does not bound the odds
 of a miss, and a long or wide job on spot is interrupted many times, each restart waiting for a new
@@ -36,10 +37,12 @@ on offer it is still used). A late job (``trigger.wait_slo``) whose first choice
 spot is burst at once instead of at its deadline (:meth:`SpotChooser.burst_early`): waiting would
 only spend the slack its restarts need; on-demand first choices wait for their deadline, as on-prem
 may still take them. A job deferred to on-prem (predicted to start there within its SLO) bursts in
-the last tick it has room for a restart (:meth:`SpotChooser.room_left_s` under one tick) where its
-first choice then is spot: past that tick, should on-prem not take it after all, its deadline burst
-has no room and the guard puts it on demand for the whole of its run; bursting it then on spot costs
-the spot run (about a third of on-demand's) in the cases on-prem would have taken it.
+the last tick it has room for a restart and a relaunch (:meth:`SpotChooser.room_left_s` with
+:data:`DEFERRED_RELAUNCHES`, under one tick) where its first choice then is spot: past that tick,
+should on-prem not take it after all, its deadline burst has no room and the guard puts it on
+demand for the whole of its run (the relaunch: its launch itself may be refused, or its node
+reclaimed while it boots); bursting it then on spot costs the spot run (about a third of
+on-demand's) in the cases on-prem would have taken it.
 
 Jobs are priced per class (GPUs, duration on a 5 % grid, checkpoint interval; with the guard,
 whether it has room for a restart): a queue of 100k jobs has few.
@@ -61,6 +64,10 @@ from orchestrator.policy.models import Market, Policy
 
 STOCKOUT_RETRY_S = 180.0  # a capacity error excludes an offering this long (executor's back-off)
 TICK_S = 60.0  # a restart waits one planner tick beyond the next node's boot (the SLO guard)
+# A deferred job bursts while its slack still holds a relaunch beyond the restart room: its launch
+# itself may fail (refused, or the node reclaimed while it boots), and a relaunch at the last tick
+# of room would leave none (the rest of its run on demand).
+DEFERRED_RELAUNCHES = 1
 MAX_STOCKOUT_ODDS = 0.99  # odds past this are planned as this (the expected retries stay finite)
 RECORDED_CLASSES = 4  # job classes whose alternatives a decision records (the largest by GPU-hours)
 # Durations are priced on a geometric grid of this ratio (a class per 5 % of runtime): the ranking
@@ -251,15 +258,15 @@ class SpotChooser:
                                         else self.boot_s)
         return boot
 
-    def room_left_s(self, job: Job) -> float:
-        """Seconds until ``job``, launched then, would have no room for a restart (negative:
-        none now; the SLO guard)."""
+    def room_left_s(self, job: Job, relaunches: int = 0) -> float:
+        """Seconds until ``job``, launched then, would have no room for a restart and
+        ``relaunches`` more (negative: none now; the SLO guard)."""
         if not self.guard:
             return -math.inf
         boot = self.boot_for(job.gpus)
         since = (self.now - job.submitted_at).total_seconds()  # type: ignore[operator]
         waited = max(since - job.ran_s, 0.0)
-        return self.slo_s - waited - boot - (boot + TICK_S)
+        return self.slo_s - waited - boot - (1 + relaunches) * (boot + TICK_S)
 
     def rank(self, job: Job, count: bool = True) -> list[Candidate]:
         """The candidates for ``job``, by expected cost plus SLO risk (ties by key; with the SLO

@@ -120,7 +120,7 @@ class WaitSplit:
                          "(spot.max_slo_miss_odds)")
         if self.spot_last_room:
             parts.append(f"{self.spot_last_room} deferred job(s) burst on spot in their last tick "
-                         "of room for a restart (spot.max_slo_miss_odds)")
+                         "of room for a restart and a relaunch (spot.max_slo_miss_odds)")
         if self.deferred:
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
                          "(predicted to start within wait_slo)")

@@ -508,7 +508,8 @@ class SpotChoice(PolicyModel):
         "exceed this (interruptions Poisson at the offering's hazard; each restart waits a "
         "boot and a tick); a late job whose best guarded choice is spot bursts at once rather "
         "than at its deadline, while its slack can still absorb restarts; a job deferred to "
-        "on-prem bursts on spot in the last tick it has room for a restart. Unset: no guard.",
+        "on-prem bursts on spot in the last tick it has room for a restart and a relaunch. Unset: "
+        "no guard.",
     )
     learn_restart_wait: bool = Field(
         default=False,

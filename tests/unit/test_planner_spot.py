@@ -241,8 +241,8 @@ def _deferred_snapshot(policy, job, at, hazard_h=0.1):
 
 
 def test_a_deferred_job_bursts_on_spot_in_its_last_tick_of_room():
-    # SLO 30 min, boot 5 min, a restart 6 min: waited 1 min at T0, the job has room for a
-    # restart until it has waited 30 - 5 - 6 = 19 min, i.e. T0 + 18 min.
+    # SLO 30 min, boot 5 min, a restart (or a relaunch) 6 min: waited 1 min at T0, the job has
+    # room for a restart and a relaunch until it has waited 30 - 5 - 2 x 6 = 13 min: T0 + 12 min.
     policy = _guarded_policy()
     policy = policy.model_copy(update={"trigger": policy.trigger.model_copy(
         update={"sustained_for": timedelta(0)})})
@@ -251,17 +251,17 @@ def test_a_deferred_job_bursts_on_spot_in_its_last_tick_of_room():
     assert not first.launches
     wait = first.decisions[0].inputs["wait_aware"]
     assert wait["deferred_to_onprem_jobs"] == 1 and wait["spot_last_room_jobs"] == 0
-    at = T0 + timedelta(minutes=17)  # room for one more tick: still deferred
+    at = T0 + timedelta(minutes=11)  # room for one more tick: still deferred
     assert not plan(_deferred_snapshot(policy, job, at), [policy], at).launches
-    at = T0 + timedelta(minutes=18)
+    at = T0 + timedelta(minutes=12)
     last = plan(_deferred_snapshot(policy, job, at), [policy], at)
     [launch] = last.launches
     assert launch.offering.market is Market.SPOT
     wait = last.decisions[0].inputs["wait_aware"]
     assert wait["spot_last_room_jobs"] == 1 and wait["deferred_to_onprem_jobs"] == 0
     assert "last tick of room" in last.decisions[0].summary
-    # a minute later it has no room: deferred again (on-prem may take it; else on demand)
-    at = T0 + timedelta(minutes=19)
+    # a minute later that room is gone: deferred again (on-prem may take it; else on demand)
+    at = T0 + timedelta(minutes=13)
     after = plan(_deferred_snapshot(policy, job, at), [policy], at)
     assert not after.launches
     assert after.decisions[0].inputs["wait_aware"]["spot_last_room_jobs"] == 0
@@ -271,7 +271,7 @@ def test_a_deferred_job_whose_choice_with_room_is_on_demand_stays_deferred():
     # Interrupted several times an hour on 2 nodes' worth: even with room the guard says on demand.
     policy = _guarded_policy()
     job = make_job("long", gpus=8, duration_s=20 * 3600, wait=timedelta(minutes=1))
-    at = T0 + timedelta(minutes=18)
+    at = T0 + timedelta(minutes=12)
     result = plan(_deferred_snapshot(policy, job, at, hazard_h=1e6), [policy], at)
     assert not result.launches
     assert result.decisions[0].inputs["wait_aware"]["spot_last_room_jobs"] == 0

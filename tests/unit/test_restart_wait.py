@@ -96,6 +96,8 @@ def test_a_wide_job_has_room_for_a_restart_for_less_long_than_a_narrow_one():
     assert chooser.restarts_allowed(narrow) == 1
     assert chooser.restarts_allowed(wide) == 0
     assert chooser.room_left_s(wide) == pytest.approx(1800 - 17 * 60 - 400 - (400 + TICK_S))
+    # a relaunch kept in reserve (deferred jobs) needs one more group boot and tick
+    assert chooser.room_left_s(wide, 1) == pytest.approx(chooser.room_left_s(wide) - 400 - TICK_S)
     [row] = [r for r in (chooser.rank(wide), chooser.record())[1]]
     assert row["restart_wait_s"] == 400 + TICK_S
     # without the flag, the policy's 10 minutes: neither has room (30 - 17 - 10 < 11)
