@@ -30,22 +30,19 @@ from burst_tally import job_class
 
 from orchestrator.planner import wait, wait_nodes
 from orchestrator.policy import load_policy
-from orchestrator.sim import SimOptions, load_trace
+from orchestrator.sim import SimOptions
 from orchestrator.sim.controllers import PolicyController
 from orchestrator.sim.replay import as_simulated, replay, size_onprem
+from trace_args import add_trace_args, trace_of
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trace", default="itp")
+    add_trace_args(parser)
     parser.add_argument("--policy", required=True)
     parser.add_argument("--node-gpus", type=int, default=4)
-    parser.add_argument("--days", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    trace = load_trace(args.trace)
-    if args.days is not None:
-        trace = trace.first_days(args.days)
+    trace = trace_of(args)
     policy = load_policy(args.policy)
     options = SimOptions(seed=args.seed, slo_s=1800.0, node_gpus=args.node_gpus, onprem="p70",
                          tick_s=60.0)

@@ -17,9 +17,10 @@ import argparse
 import hashlib
 
 from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy
-from orchestrator.sim import SimOptions, load_trace
+from orchestrator.sim import SimOptions
 from orchestrator.sim.controllers import PolicyController
 from orchestrator.sim.replay import as_simulated, replay, size_onprem
+from trace_args import add_trace_args, trace_of
 
 
 def _digest(value) -> str:
@@ -28,16 +29,12 @@ def _digest(value) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trace", default="itp")
+    add_trace_args(parser)
     parser.add_argument("--policy", default=str(DEFAULT_POLICY_PATH))
     parser.add_argument("--node-gpus", type=int, default=None)
-    parser.add_argument("--days", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    trace = load_trace(args.trace)
-    if args.days is not None:
-        trace = trace.first_days(args.days)
+    trace = trace_of(args)
     policy = load_policy(args.policy)
     options = SimOptions(seed=args.seed, node_gpus=args.node_gpus)
     sizing = size_onprem(trace, policy, options.onprem, options.node_gpus)

@@ -40,25 +40,22 @@ from burst_tally import job_class
 from orchestrator.planner import spot
 from orchestrator.policy import load_policy
 from orchestrator.policy.models import Market
-from orchestrator.sim import SimOptions, load_trace
+from orchestrator.sim import SimOptions
 from orchestrator.sim.controllers import PolicyController
 from orchestrator.sim.replay import as_simulated, replay, size_onprem
 from orchestrator.sim.simjob import at
 from orchestrator.sim.world import World
+from trace_args import add_trace_args, trace_of
 
 HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trace", default="itp")
+    add_trace_args(parser)
     parser.add_argument("--policy", default=str(HERE / "policies" / "itp-spot.yaml"))
-    parser.add_argument("--days", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    trace = load_trace(args.trace)
-    if args.days is not None:
-        trace = trace.first_days(args.days)
+    trace = trace_of(args)
     options = SimOptions(seed=args.seed, slo_s=1800.0, spot_data=True)
     policy = load_policy(args.policy)
     reference = load_policy(HERE / "policies" / "itp-ondemand.yaml")

@@ -444,22 +444,8 @@ def earliest_window(times: list[float], frees: list[int], gpus: int,
                     limit_s: float) -> float | None:
     """The first step start from which ``gpus`` stay free for ``limit_s`` (one node's profile, or
     the pooled one of :mod:`orchestrator.planner.forecast`), or None."""
-    n = len(times)
-    k = 0
-    while k < n:
-        if frees[k] < gpus:
-            k += 1
-            continue
-        end = times[k] + limit_s
-        j = k + 1
-        while j < n and times[j] < end:
-            if frees[j] < gpus:
-                break
-            j += 1
-        else:
-            return times[k]
-        k = j + 1
-    return None
+    found = _first_window(times, frees, 0, gpus, limit_s, INF)
+    return None if found is None else found[0]
 
 
 def fifo_pass(space: NodeSpace, jobs: Iterable[PendingJob]) -> list[tuple[Hashable, Allocation]]:
