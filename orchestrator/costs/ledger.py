@@ -89,10 +89,12 @@ def spread_lag(node_id: str, spread: timedelta = ROLL_SPREAD) -> timedelta:
     """How long after the hour (or after the hour plus SETTLE) the tick rolls ``node_id`` up
     for the clock alone: fixed per node id (CRC-32, the same in every process and on every
     controller), spread evenly over ``spread``."""
-    whole_ms = int(spread / timedelta(milliseconds=1))
-    if whole_ms <= 0:
-        return timedelta(0)
-    return timedelta(milliseconds=zlib.crc32(node_id.encode()) % whole_ms)
+    return timedelta(milliseconds=_lag_ms(node_id, int(spread / timedelta(milliseconds=1))))
+
+
+def _lag_ms(node_id: str, spread_ms: int) -> int:
+    # spread_lag in whole milliseconds: the roll-up's test of every live node calls this.
+    return zlib.crc32(node_id.encode()) % spread_ms if spread_ms > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +230,6 @@ def _clock_only_test(now: datetime, settle: timedelta, billing: Mapping[str, Bil
     are checked after (:func:`_runs_within`). Times in whole microseconds since the epoch."""
     now_us, settle_us = epoch_us(now), settle // _US
     spread_ms = int(ROLL_SPREAD / timedelta(milliseconds=1))
-    crc32 = zlib.crc32
 
     def fresh(node_id: str, offering_key: str, state: str, mark_us: int | None,
               reach_us: int | None, launched_us: int | None, ended_us: int | None) -> bool:
@@ -243,7 +244,7 @@ def _clock_only_test(now: datetime, settle: timedelta, billing: Mapping[str, Bil
         start_us = launched_us - launched_us % _HOUR_US if mark_us is None else mark_us
         # The clock-driven reasons, this node's lag later (spread_lag: not every node at one
         # tick). (Hour floors inline: x - x % hour; this runs for every live node each tick.)
-        lag_us = crc32(node_id.encode()) % spread_ms * 1000 if spread_ms > 0 else 0
+        lag_us = _lag_ms(node_id, spread_ms) * 1000
         moment = now_us - settle_us - lag_us
         if moment - moment % _HOUR_US > start_us:
             return False  # a bucket becomes final: the mark moves
