@@ -45,7 +45,6 @@ def _timed(run) -> tuple[dict, float, float]:
 def main() -> None:
     from orchestrator.gctune import tune_gc
 
-    tune_gc()  # the collector's thresholds every burst process runs with (orchestrator.gctune)
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", default="itp")
     parser.add_argument("--policy", default=str(DEFAULT_POLICY_PATH),
@@ -56,7 +55,12 @@ def main() -> None:
                         help="only jobs submitted in the first N days")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--default-gc", action="store_true",
+                        help="keep CPython's collector thresholds (default: burst's, as every "
+                        "burst process sets them: orchestrator.gctune)")
     args = parser.parse_args()
+    if not args.default_gc:
+        tune_gc()
 
     began = time.perf_counter()
     trace = load_trace(args.trace)
