@@ -5,8 +5,8 @@ A tick at a real site's size allocates hundreds of thousands of small objects (t
 columns, 10,000 nodes' rows, the plan's records) in a process holding millions more (the policy,
 the catalogue, the store's metadata). With CPython's default thresholds (700, 10, 10) the
 collector's young pass runs every 700 container allocations and a full pass, which walks every
-object the process holds, every 70,000: about a sixth of a tick at 100,000 pending jobs and
-10,000 nodes was collector time (docs/performance.md, "The tick's collector"). burst's objects
+object the process holds, every 70,000: about an eighth of a tick at 100,000 pending jobs
+and 10,000 nodes was collector time (docs/performance.md, "The tick's collector"). burst's objects
 are nearly all acyclic (frozen dataclasses, tuples, numpy arrays), so collecting young objects
 less often frees the same memory a little later and keeps the cycle detector for what it is
 for. Every ``burst`` command sets them (``orchestrator.cli.main``), and so does a Celery worker
