@@ -85,14 +85,15 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     if not any(p.budgets for p in policies):
         return []
     # Read once for every budget, each summed per (pool, project) once so a budget adds up a few
-    # groups: the live nodes' prices (one GROUP BY), the nodes that may still owe part of their
-    # commitment (young ones only), the accrual of the nodes the ledger has not caught up with
-    # (one aggregate over the ledger reach per window) and the lines of each window (one
+    # groups: the ledger reach's kept group counts (one read of a few rows: the accrual of the
+    # nodes the ledger has not caught up with and the live nodes' prices), the nodes that may
+    # still owe part of their commitment (young ones only) and the lines of each window (one
     # grouped roll-up read per window). No read of a row per live node.
-    spent_in = WindowSpend(store, now)
+    accrual, live = store.budget_groups()
+    spent_in = WindowSpend(store, now, accrual)
     burns: dict[tuple[str, str | None], Decimal] = {}
     commits: dict[tuple[str, str | None], Decimal] = {}
-    for pool, project, price, count in store.live_node_price_counts():
+    for pool, project, price, count in live:
         group = (pool, project)
         burns[group] = burns.get(group, Decimal(0)) + Decimal(str(price)) * count
     for node in store.nodes_committing(now):
