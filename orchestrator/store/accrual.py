@@ -42,7 +42,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.store import reach_groups
+from orchestrator.store import reach_groups, rollups
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
@@ -285,6 +285,64 @@ def derive(conn: Connection) -> Iterable[dict[str, Any]]:
 
 # -- reads -------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class BudgetInputs:
+    """What :meth:`Accrual.budget_inputs` reads for every budget at once."""
+
+    accrual: list[tuple[AccrualNode, int]]  # as ledger_accrual_groups
+    live: list[tuple[str, str | None, float, int]]  # as live_node_price_counts
+    commits: list[CommitNode]  # as nodes_committing
+    # Burst micro-dollars per (pool, project) of each (since, until) window's lines.
+    lines: dict[tuple[datetime, datetime], dict[tuple[str | None, str | None], int]]
+
+
+def _budget_groups(rows: Iterable[tuple[Any, ...]]
+                   ) -> tuple[list[tuple[AccrualNode, int]], list[tuple[str, str | None, float, int]]]:
+    """The kept group rows (:func:`reach_groups.read`) as the accrual groups (the live and the
+    terminated of one group together) and the live nodes' price counts."""
+    accrual: dict[tuple[Any, ...], int] = {}
+    live: dict[tuple[str, str | None, float], int] = {}
+    for pool, project, price, start, billed, ended, is_live, count in rows:
+        if start is not None:
+            key = (pool, project, float(price), start, bool(billed), ended)
+            accrual[key] = accrual.get(key, 0) + count
+        if is_live:
+            group = (pool, project, float(price))
+            live[group] = live.get(group, 0) + count
+    return ([(AccrualNode("", project, price, from_us(start),  # type: ignore[arg-type]
+                          from_us(ended), from_us(start) if billed else None, pool), count)
+             for (pool, project, price, start, billed, ended), count in accrual.items()],
+            [(*group, count) for group, count in live.items()])
+
+
+_COMMITTING: dict[str, sa.Select[Any]] = {}
+
+
+def committing(conn: Connection, now: datetime) -> list[CommitNode]:
+    """:meth:`Accrual.nodes_committing` in ``conn``'s transaction. The statement is built once
+    per dialect (``now`` a bound parameter): building it cost more than running it."""
+    dialect = conn.dialect.name
+    query = _COMMITTING.get(dialect)
+    if query is None:
+        n = T.nodes.c
+        if dialect == "postgresql":
+            created = sa.extract("epoch", n.created_at)
+        else:  # naive UTC text: julianday reads it, in days since noon of 4714 BC
+            created = (sa.func.julianday(n.created_at) - 2440587.5) * 86400.0
+        query = _COMMITTING[dialect] = (
+            sa.select(n.pool, n.project, n.state, n.price_usd_hour, n.budget_commit_usd,
+                      n.created_at)
+            .where(n.state != NodeState.TERMINATED.value, n.budget_commit_usd > 0,
+                   sa.or_(n.state == NodeState.REQUESTED.value, n.price_usd_hour <= 0,
+                          created + n.budget_commit_usd * 3600.0 / n.price_usd_hour + 60.0
+                          > sa.bindparam("now_s", type_=sa.Float())))
+            .order_by(n.created_at, n.id))
+    return [CommitNode(r.pool, r.project, NodeState(r.state), r.price_usd_hour,
+                       r.budget_commit_usd, r.created_at)
+            for r in conn.execute(query, {"now_s": epoch_us(now) / 1e6})]
+
+
+
 def _node(r: Any) -> AccrualNode:
     return AccrualNode(r.node_id, r.project, r.price_usd_hour, from_us(r.launched_us),  # type: ignore[arg-type]
                        from_us(r.ended_us), from_us(r.covered_us), r.pool)
@@ -327,43 +385,38 @@ class Accrual(StoreBase):
         """:meth:`ledger_accrual_groups` and :meth:`live_node_price_counts` from one read of the
         kept group counts: what every budget's status needs of the nodes."""
         with self._read() as conn:
-            rows = reach_groups.read(conn)
-        accrual: dict[tuple[Any, ...], int] = {}
-        live: dict[tuple[str, str | None, float], int] = {}
-        for pool, project, price, start, billed, ended, is_live, count in rows:
-            if start is not None:
-                key = (pool, project, float(price), start, bool(billed), ended)
-                accrual[key] = accrual.get(key, 0) + count
-            if is_live:
-                group = (pool, project, float(price))
-                live[group] = live.get(group, 0) + count
-        return ([(AccrualNode("", project, price, from_us(start),  # type: ignore[arg-type]
-                              from_us(ended), from_us(start) if billed else None, pool), count)
-                 for (pool, project, price, start, billed, ended), count in accrual.items()],
-                [(*group, count) for group, count in live.items()])
+            return _budget_groups(reach_groups.read(conn))
 
     def nodes_committing(self, now: datetime) -> list[CommitNode]:
         """The live nodes (by creation) whose launch commitment may not all be accrued at
         ``now``: a commitment, and requested (nothing accrued yet) or younger than commitment /
         price plus a minute (a float bound in SQL that only ever keeps too many; the caller's
         exact Decimal sum of ``max(commit - accrued, 0)`` gives the others nothing anyway)."""
-        n = T.nodes.c
-        if self.dialect == "postgresql":
-            created = sa.extract("epoch", n.created_at)
-        else:  # naive UTC text: julianday reads it, in days since noon of 4714 BC
-            created = (sa.func.julianday(n.created_at) - 2440587.5) * 86400.0
-        now_s = epoch_us(require_aware(now, "now")) / 1e6
-        query = (
-            sa.select(n.pool, n.project, n.state, n.price_usd_hour, n.budget_commit_usd,
-                      n.created_at)
-            .where(n.state != NodeState.TERMINATED.value, n.budget_commit_usd > 0,
-                   sa.or_(n.state == NodeState.REQUESTED.value, n.price_usd_hour <= 0,
-                          created + n.budget_commit_usd * 3600.0 / n.price_usd_hour + 60.0
-                          > now_s))
-            .order_by(n.created_at, n.id))
+        require_aware(now, "now")
         with self._read() as conn:
-            return [CommitNode(r.pool, r.project, NodeState(r.state), r.price_usd_hour,
-                               r.budget_commit_usd, r.created_at) for r in conn.execute(query)]
+            return committing(conn, now)
+
+    def budget_inputs(self, now: datetime, windows: Iterable[tuple[datetime, datetime]]
+                      ) -> BudgetInputs:
+        """Everything every budget's status reads of the store, in one read transaction (one
+        consistent view, one connection): the ledger reach's group counts, the nodes that may
+        still owe part of their commitment, and each window's burst micro-dollars per (pool,
+        project) from the roll-ups (``cost_sums`` by pool and project, its cost alone)."""
+        require_aware(now, "now")
+        wanted = sorted(set(windows))
+        for since, until in wanted:
+            require_aware(since, "since")
+            require_aware(until, "until")
+        with self._read() as conn:
+            groups = reach_groups.read(conn)
+            commits = committing(conn, now)
+            lines = {(since, until): {
+                key: sums[0] for key, sums in rollups.rollup_sums(
+                    conn, ("pool", "project"), since=since, until=until, projects=None,
+                    pool=None, users=None, sums=("cost_micros", "lines")).items()}
+                for since, until in wanted}
+        accrual, live = _budget_groups(groups)
+        return BudgetInputs(accrual, live, commits, lines)  # type: ignore[arg-type]
 
     def rebuild_ledger_reach(self) -> int:
         """Rebuild ``ledger_reach`` from the nodes, their events, marks and lines (what migration
@@ -372,5 +425,5 @@ class Accrual(StoreBase):
             return rebuild(conn, self._insert)
 
 
-__all__ = ["Accrual", "AccrualNode", "CommitNode", "derive", "epoch_us", "from_us", "ledger_reach",
+__all__ = ["Accrual", "AccrualNode", "BudgetInputs", "CommitNode", "committing", "derive", "epoch_us", "from_us", "ledger_reach",
            "on_add", "on_event", "on_lines", "on_lines_many", "rebuild"]
