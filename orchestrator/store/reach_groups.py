@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,6 +43,7 @@ from sqlalchemy.dialects import sqlite
 
 from orchestrator.store import tables as T
 from orchestrator.store.keysets import among
+from orchestrator.store.rawread import driver_rows_bound
 
 # The group of a reach row: pool, project, price, start_us, billed, ended_us, live.
 Group = tuple[str, str | None, float, int | None, bool, int | None, bool]
@@ -93,20 +94,38 @@ def counts(group: Group) -> bool:
 def groups_of(conn: Connection, node_ids: Collection[str]) -> Counter[Group]:
     """How many of ``node_ids``' reach rows are in each group, as ``conn``'s transaction sees
     them; on PostgreSQL the rows are locked (in key order) until it ends."""
-    r = _reach().c
-    query = sa.select(*(r[name] for name in GROUP_COLUMNS))
-    if len(node_ids) == 1:
-        query = query.where(r.node_id == next(iter(node_ids)))
-    else:
-        query = query.where(among(conn.dialect.name, r.node_id, node_ids))
-    if conn.dialect.name == "postgresql":
-        query = query.order_by(r.node_id).with_for_update()
+    dialect = conn.dialect.name
+    if len(node_ids) == 1:  # a state change, a node's write: one statement built once
+        rows: Iterable[Any] = conn.execute(_one(dialect), {"node_id": next(iter(node_ids))})
+    else:  # the roll-up's batch: its thousands of rows as the driver gives them
+        r = _reach().c
+        query = sa.select(*(r[name] for name in GROUP_COLUMNS)).where(
+            among(dialect, r.node_id, node_ids))
+        if dialect == "postgresql":
+            query = query.order_by(r.node_id).with_for_update()
+        rows = driver_rows_bound(conn, query)
     found: Counter[Group] = Counter()
-    for row in conn.execute(query):
+    for row in rows:
         group = group_of(row)
         if counts(group):
             found[group] += 1
     return found
+
+
+_STATEMENTS: dict[tuple[str, str], Any] = {}
+
+
+def _one(dialect: str) -> Any:
+    """The group columns of one node's reach row (``:node_id``), locked on PostgreSQL."""
+    stmt = _STATEMENTS.get((dialect, "one"))
+    if stmt is None:
+        r = _reach().c
+        stmt = sa.select(*(r[name] for name in GROUP_COLUMNS)).where(
+            r.node_id == sa.bindparam("node_id"))
+        if dialect == "postgresql":
+            stmt = stmt.with_for_update()
+        _STATEMENTS[(dialect, "one")] = stmt
+    return stmt
 
 
 @contextmanager
@@ -148,15 +167,27 @@ def _apply(conn: Connection, delta: Counter[Group]) -> None:
     changed = sorted(((group_key(g), g, n) for g, n in delta.items() if n), key=lambda c: c[0])
     if not changed:
         return
-    insert = (pg.insert if conn.dialect.name == "postgresql" else sqlite.insert)(
-        ledger_reach_groups)
-    upsert = insert.on_conflict_do_update(
-        index_elements=[_g.group_key], set_={"nodes": _g.nodes + insert.excluded.nodes})
-    # One row at a time, in key order: an executemany (sorted too) would batch them the same.
+    upsert, delete = _writes(conn.dialect.name)
+    # In key order (an executemany runs them in the order given).
     conn.execute(upsert, [dict(zip(("group_key", *GROUP_COLUMNS, "nodes"), (key, *g, n)))
                           for key, g, n in changed])
-    conn.execute(sa.delete(ledger_reach_groups).where(
-        among(conn.dialect.name, _g.group_key, [key for key, _, _ in changed]), _g.nodes <= 0))
+    emptied = [key for key, _, n in changed if n < 0]  # only a decrement can empty a group
+    if emptied:
+        conn.execute(delete, {"keys": emptied})
+
+
+def _writes(dialect: str) -> tuple[Any, Any]:
+    """The counts' upsert (an increment) and the delete of the groups left empty (``:keys``),
+    built once per dialect."""
+    both = _STATEMENTS.get((dialect, "writes"))
+    if both is None:
+        insert = (pg.insert if dialect == "postgresql" else sqlite.insert)(ledger_reach_groups)
+        upsert = insert.on_conflict_do_update(
+            index_elements=[_g.group_key], set_={"nodes": _g.nodes + insert.excluded.nodes})
+        delete = sa.delete(ledger_reach_groups).where(
+            _g.group_key.in_(sa.bindparam("keys", expanding=True)), _g.nodes <= 0)
+        both = _STATEMENTS[(dialect, "writes")] = (upsert, delete)
+    return both
 
 
 def rebuild(conn: Connection) -> int:
