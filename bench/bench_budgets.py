@@ -3,7 +3,7 @@ next to a floor measured in the same run. Prints figures; not a test.
 
     python bench/bench_budgets.py [--nodes 10000] [--lines 300000] [--pending 2000]
                                   [--clients 8] [--seconds 5] [--rounds 3] [--pg [URL]]
-                                  [--no-sqlite] [--spread] [--profile]
+                                  [--no-sqlite] [--spread] [--profile | --writes]
 
 The scale bench's site (``bench_scale.build_site``: ``--nodes`` ready burst nodes of 50 projects,
 ``--lines`` cost lines over 90 days, the bench policy's 11 month budgets) without its tick
@@ -16,6 +16,11 @@ Then ``burst api`` (uvicorn, one process, as deployed) under ``--clients`` keep-
 ``--rounds`` rounds of ``GET /healthz`` (the floor: what any answer costs through uvicorn and the
 middleware) then ``GET /v1/budgets``, ``--seconds`` each, so every budgets figure has a floor
 taken just before it. The API runs on the real clock: its month window is the current one.
+
+``--writes``: instead of the API under load, what the writers of the reach cost: the roll-up's
+batch of every node (``Store.write_ledgers``, a line each, marks moved; three rounds) next to the
+plain ``SELECT`` of the reach rows, and a state change (``save_transition``, 300 nodes ready ->
+draining -> terminating -> terminated), in CPU.
 
 ``--profile``: instead of the API under load, ``budget_statuses`` and the route through an ASGI
 transport in this process (its sync endpoint inline, so ``cProfile`` sees it), one thread.
@@ -91,6 +96,48 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
+
+
+def measure_writes(store: Store) -> None:
+    """CPU of the reach's writers: the roll-up's batch of every node, and state changes."""
+    import gc
+
+    from orchestrator.domain import NodeState
+    from orchestrator.domain.costs import CostKind, CostLine
+    from orchestrator.lifecycle import transition
+    from orchestrator.store.ledger_batch import LedgerWrite
+
+    with store.engine.connect() as conn:
+        ids = [r.id for r in conn.execute(sa.select(T.nodes.c.id).order_by(T.nodes.c.id))]
+    for k in range(1, 4):
+        start = bench_scale.NOW + timedelta(hours=k)
+        writes = [LedgerWrite(n, [CostLine(
+            line_key=f"{n}:{k}", subject=n, node_id=n, period_start=start,
+            period_end=start + timedelta(minutes=30), kind=CostKind.IDLE, project="project-00",
+            job_id=None, policy="bench", pool="gpu", provider="sim", region="r",
+            instance_type="t", market="spot", price_usd_hour=9.5, instance_seconds=1800.0,
+            gpu_seconds=0.0, cost_micros=4_750_000, onprem_equiv_micros=0, user=None)],
+            since=start, mark=start) for n in ids]
+        gc.collect()
+        began = time.process_time()
+        store.write_ledgers(writes, at=start + timedelta(minutes=30))
+        print(f"  write_ledgers of {len(ids):,} nodes, round {k}: "
+              f"{(time.process_time() - began) * 1000:6.0f} ms CPU")
+    gc.collect()
+    began = time.process_time()
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql("SELECT * FROM ledger_reach").all()
+    print(f"    floor: SELECT * FROM ledger_reach {(time.process_time() - began) * 1000:.1f} ms CPU")
+    steps, began = 0, time.process_time()
+    for node_id in ids[:300]:
+        node = store.get_node(node_id)
+        at = bench_scale.NOW + timedelta(hours=5)
+        for target in (NodeState.DRAINING, NodeState.TERMINATING, NodeState.TERMINATED):
+            new, event = transition(node, target, at=at, reason="bench")  # type: ignore[arg-type]
+            assert store.save_transition(node, new, event)  # type: ignore[arg-type]
+            node, steps = new, steps + 1
+    print(f"  save_transition {(time.process_time() - began) / steps * 1000:.3f} ms CPU a "
+          f"transition ({steps}, a third of them to terminated; with get_node)")
 
 
 def profile(store: Store, policy: object, state: str) -> None:
@@ -174,6 +221,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--spread", action="store_true", help="every node launched at its own instant")
     ap.add_argument("--profile", action="store_true", help="profile in process, no API run")
+    ap.add_argument("--writes", action="store_true", help="the reach writers' CPU, no API run")
     ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None)
     ap.add_argument("--no-sqlite", action="store_true")
     args = ap.parse_args()
@@ -193,6 +241,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-budgets-") as state:
             if args.profile:
                 profile(store, policy, state)
+                continue
+            if args.writes:
+                measure_writes(store)
                 continue
             policy_file = Path(state) / "bench.yaml"
             policy_file.write_text(yaml.safe_dump(bench_scale.cli_policy_doc()))
