@@ -84,18 +84,21 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     policies = list(policies)
     if not any(p.budgets for p in policies):
         return []
-    # Read once for every budget, each summed per (pool, project) once so a budget adds up a few
-    # groups: the live nodes' prices (one GROUP BY), the nodes that may still owe part of their
-    # commitment (young ones only), the accrual of the nodes the ledger has not caught up with
-    # (one aggregate over the ledger reach per window) and the lines of each window (one
-    # grouped roll-up read per window). No read of a row per live node.
-    spent_in = WindowSpend(store, now)
+    # Read once for every budget, in one read transaction, each summed per (pool, project) once
+    # so a budget looks up a few groups: the ledger reach's kept group counts (a few rows: the
+    # accrual of the nodes the ledger has not caught up with and the live nodes' prices), the
+    # nodes that may still owe part of their commitment (young ones only) and the lines of each
+    # window (one grouped roll-up read per window). No read of a row per live node.
+    windows = {(policy.name, budget.name): window_bounds(budget, now)
+               for policy in policies for budget in policy.budgets}
+    read = store.budget_inputs(now, windows.values())  # one read transaction
+    spent_in = WindowSpend(store, now, read.accrual, read.lines)
     burns: dict[tuple[str, str | None], Decimal] = {}
     commits: dict[tuple[str, str | None], Decimal] = {}
-    for pool, project, price, count in store.live_node_price_counts():
+    for pool, project, price, count in read.live:
         group = (pool, project)
         burns[group] = burns.get(group, Decimal(0)) + Decimal(str(price)) * count
-    for node in store.nodes_committing(now):
+    for node in read.commits:
         group = (node.pool, node.project)
         commits[group] = commits.get(group, Decimal(0)) + outstanding_of(
             node.state, node.budget_commit_usd, node.price_usd_hour, node.created_at, now)
@@ -104,7 +107,7 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
-            start, end = window_bounds(budget, now)
+            start, end = windows[(policy.name, budget.name)]
             spent = spent_in(since=start, until=end, pool=pool, project=budget.project)
             scope = [g for g in groups if in_scope(budget, pool, g[0], g[1])]
             burn = sum((burns.get(g, Decimal(0)) for g in scope), Decimal(0))

@@ -81,16 +81,25 @@ class WindowSpend:
     lines have not reached, per (pool, project) once per window, from the store's ledger reach
     read once in groups of nodes that accrue alike (``Store.ledger_accrual_groups``): each
     group's micro-dollars worked out once, times its nodes. ``groups``: these instead (read
-    once by the caller; or every node on its own, count 1, as tests compare). Exact: the same
-    integer micro-dollars as :func:`spend`, added in another order."""
+    once by the caller; or every node on its own, count 1, as tests compare); ``lines``: each
+    window's lines per (pool, project) as read by the caller (``Store.budget_inputs``; a window
+    not in it is read). Exact: the same integer micro-dollars as :func:`spend`, added in another
+    order."""
 
     def __init__(self, store: Store, now: datetime,
-                 groups: list[tuple[AccrualNode, int]] | None = None) -> None:
+                 groups: list[tuple[AccrualNode, int]] | None = None,
+                 lines: Mapping[tuple[datetime, datetime],
+                                dict[tuple[str | None, str | None], int]] | None = None) -> None:
         self._lines = WindowLines(store)
+        if lines:
+            self._lines._windows.update(lines)
         self._groups = store.ledger_accrual_groups() if groups is None else groups
         self._now = require_aware(now, "now")
         self._accrued: dict[tuple[datetime, datetime],
                             dict[tuple[str, str | None], int]] = {}
+        # Per window: its lines plus accrual summed per (pool, project) and per pool, so each
+        # budget looks its scope up instead of walking every group.
+        self._totals: dict[tuple[datetime, datetime], _Totals] = {}
 
     def accrued(self, since: datetime, until: datetime) -> dict[tuple[str, str | None], int]:
         """Micro-dollars accrued in [since, min(now, until)) per (pool, project) of the nodes."""
@@ -108,10 +117,43 @@ class WindowSpend:
     def __call__(self, *, since: datetime, until: datetime, pool: str | None = None,
                  project: str | None = None) -> Decimal:
         """USD spent by ``pool`` and ``project`` in [since, until), as :func:`spend` counts it."""
-        total = _lines_of(self._lines(since, until), pool, project)
-        total += sum(v for (p, j), v in self.accrued(since, until).items()
-                     if (pool is None or p == pool) and (project is None or j == project))
-        return Decimal(total) / _MICROS
+        if pool is None:  # every pool: walk the groups (no budget asks this)
+            total = _lines_of(self._lines(since, until), pool, project)
+            total += sum(v for (p, j), v in self.accrued(since, until).items()
+                         if project is None or j == project)
+            return Decimal(total) / _MICROS
+        key = (since, until)
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = _Totals(self._lines(since, until),
+                                                 self.accrued(since, until))
+        return Decimal(totals.of(pool, project)) / _MICROS
+
+
+class _Totals:
+    """One window's lines and accrual summed per (pool, project) and per pool, with the filters
+    of :func:`_lines_of` (a line of no project counts for ``NO_PROJECT``) and of the accrual (a
+    node's project as it is)."""
+
+    __slots__ = ("lines", "accrued", "lines_pool", "accrued_pool")
+
+    def __init__(self, lines: Mapping[tuple[str | None, str | None], int],
+                 accrued: Mapping[tuple[str, str | None], int]) -> None:
+        self.lines, self.accrued = lines, accrued
+        self.lines_pool: dict[str | None, int] = {}
+        self.accrued_pool: dict[str | None, int] = {}
+        for (p, _), v in lines.items():
+            self.lines_pool[p] = self.lines_pool.get(p, 0) + v
+        for (p, _), v in accrued.items():
+            self.accrued_pool[p] = self.accrued_pool.get(p, 0) + v
+
+    def of(self, pool: str, project: str | None) -> int:
+        if project is None:
+            return self.lines_pool.get(pool, 0) + self.accrued_pool.get(pool, 0)
+        total = self.lines.get((pool, project), 0) + self.accrued.get((pool, project), 0)
+        if project == NO_PROJECT:
+            total += self.lines.get((pool, None), 0)
+        return total
 
 
 def _lines_of(lines: Mapping[tuple[str | None, str | None], int], pool: str | None,

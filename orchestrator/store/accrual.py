@@ -19,13 +19,15 @@ those facts, written in the transactions that change them:
   upgrade, ``burst db rebuild-rollups`` after a load around the store).
 
 Times are integer microseconds since the epoch. Budgets read the rows grouped
-(:meth:`Accrual.ledger_accrual_groups`): nodes of one pool, project and price whose unbilled time
+(:meth:`Accrual.budget_groups`): nodes of one pool, project and price whose unbilled time
 starts at the same instant (``start_us``: where their lines reach, or their launch when they have
 none) and ends at the same one accrue exactly the same micro-dollars, so Python works out
-``usd_micros`` once per group and multiplies by its count. A roll-up pass brings every live node
-it rolls up to the same reach, so a site of 10,000 live nodes reads a few hundred groups, streamed
-in order from one covering index with no sort; nodes that all differ (never rolled up, launched
-at different instants) read one group each, as many rows as before but no per-node lookups.
+``usd_micros`` once per group and multiplies by its count. The groups are counted as the rows are
+written (``ledger_reach_groups``, :mod:`orchestrator.store.reach_groups`), so a read is a few rows
+whatever the number of nodes: a roll-up pass brings every live node it rolls up to the same
+reach, so a site of 10,000 live nodes has a few groups per (pool, project, price) and tick it was
+rolled at; nodes that all differ (never rolled up, launched at different instants) are one group
+each, as many rows as nodes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.store import reach_groups, rollups
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
@@ -131,12 +134,14 @@ def on_add(conn: Connection, insert: Any, node: Node, event_state: NodeState,
            event_at: datetime) -> None:
     """The row of a node just inserted with its first event."""
     launched = _us(event_at) if event_state is NodeState.LAUNCHING else None
-    conn.execute(insert(ledger_reach).values(
-        node_id=node.id, pool=node.pool, project=node.project, price_usd_hour=node.price_usd_hour,
-        launched_us=launched, ended_us=_us(event_at) if event_state is NodeState.TERMINATED else None,
-        terminated_us=_us(node.state_since) if node.state is NodeState.TERMINATED else None,
-        mark_us=None, covered_us=None, start_us=launched, billed=False,
-        live=node.state is not NodeState.TERMINATED).on_conflict_do_nothing())
+    with reach_groups.changing(conn, (node.id,)):
+        conn.execute(insert(ledger_reach).values(
+            node_id=node.id, pool=node.pool, project=node.project,
+            price_usd_hour=node.price_usd_hour, launched_us=launched,
+            ended_us=_us(event_at) if event_state is NodeState.TERMINATED else None,
+            terminated_us=_us(node.state_since) if node.state is NodeState.TERMINATED else None,
+            mark_us=None, covered_us=None, start_us=launched, billed=False,
+            live=node.state is not NodeState.TERMINATED).on_conflict_do_nothing())
 
 
 def on_event(conn: Connection, node_id: str, to_state: NodeState, at: datetime,
@@ -145,15 +150,17 @@ def on_event(conn: Connection, node_id: str, to_state: NodeState, at: datetime,
     terminated. Other states change nothing here."""
     at_us = epoch_us(at)
     if to_state is NodeState.LAUNCHING:
-        conn.execute(sa.update(ledger_reach).where(
-            _r.node_id == node_id, sa.or_(_r.launched_us.is_(None), _r.launched_us > at_us))
-            .values(launched_us=at_us, start_us=sa.func.coalesce(_r.covered_us, at_us)))
+        with reach_groups.changing(conn, (node_id,)):
+            conn.execute(sa.update(ledger_reach).where(
+                _r.node_id == node_id, sa.or_(_r.launched_us.is_(None), _r.launched_us > at_us))
+                .values(launched_us=at_us, start_us=sa.func.coalesce(_r.covered_us, at_us)))
     elif to_state is NodeState.TERMINATED:
-        conn.execute(sa.update(ledger_reach).where(_r.node_id == node_id).values(
-            ended_us=sa.case((sa.or_(_r.ended_us.is_(None), _r.ended_us > at_us), at_us),
-                             else_=_r.ended_us),
-            terminated_us=epoch_us(state_since), live=False))
-        _prune(conn, node_id)
+        with reach_groups.changing(conn, (node_id,)):
+            conn.execute(sa.update(ledger_reach).where(_r.node_id == node_id).values(
+                ended_us=sa.case((sa.or_(_r.ended_us.is_(None), _r.ended_us > at_us), at_us),
+                                 else_=_r.ended_us),
+                terminated_us=epoch_us(state_since), live=False))
+            _prune(conn, node_id)
 
 
 def on_lines(conn: Connection, subject: str) -> None:
@@ -167,11 +174,12 @@ def on_lines(conn: Connection, subject: str) -> None:
         query = query.where(c.period_start >= mark)
     reach = conn.execute(query).scalar()
     covered = reach if mark is None else (mark if reach is None or reach < mark else reach)
-    conn.execute(sa.update(ledger_reach).where(_r.node_id == subject).values(
-        mark_us=_us(mark), covered_us=_us(covered), billed=covered is not None,
-        start_us=_r.launched_us if covered is None else sa.case(
-            (_r.launched_us.is_(None), None), else_=_us(covered))))
-    _prune(conn, subject)
+    with reach_groups.changing(conn, (subject,)):
+        conn.execute(sa.update(ledger_reach).where(_r.node_id == subject).values(
+            mark_us=_us(mark), covered_us=_us(covered), billed=covered is not None,
+            start_us=_r.launched_us if covered is None else sa.case(
+                (_r.launched_us.is_(None), None), else_=_us(covered))))
+        _prune(conn, subject)
 
 
 def on_lines_many(conn: Connection, subjects: Collection[str]) -> None:
@@ -199,6 +207,13 @@ def on_lines_many(conn: Connection, subjects: Collection[str]) -> None:
             bare.append({"b_node": subject})
         else:
             billed.append({"b_node": subject, "b_mark": _us(mark), "b_covered": _us(covered)})
+    with reach_groups.changing(conn, subjects):
+        _write_reaches(conn, billed, bare, subjects)
+
+
+def _write_reaches(conn: Connection, billed: list[dict[str, Any]], bare: list[dict[str, Any]],
+                   subjects: Collection[str]) -> None:
+    dialect = conn.dialect.name
     # Plain integers and strings: straight through the driver (orchestrator.store.rawwrite).
     covered_us = sa.bindparam("b_covered", type_=sa.BigInteger())
     driver_executemany(conn, "ledger-reach-billed", sa.update(ledger_reach).where(
@@ -229,6 +244,7 @@ def rebuild(conn: Connection, insert: Any) -> int:
     rows = list(derive(conn))
     for i in range(0, len(rows), 1000):
         conn.execute(insert(ledger_reach), rows[i:i + 1000])
+    reach_groups.rebuild(conn)
     return len(rows)
 
 
@@ -269,6 +285,64 @@ def derive(conn: Connection) -> Iterable[dict[str, Any]]:
 
 # -- reads -------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class BudgetInputs:
+    """What :meth:`Accrual.budget_inputs` reads for every budget at once."""
+
+    accrual: list[tuple[AccrualNode, int]]  # as ledger_accrual_groups
+    live: list[tuple[str, str | None, float, int]]  # as live_node_price_counts
+    commits: list[CommitNode]  # as nodes_committing
+    # Burst micro-dollars per (pool, project) of each (since, until) window's lines.
+    lines: dict[tuple[datetime, datetime], dict[tuple[str | None, str | None], int]]
+
+
+def _budget_groups(rows: Iterable[tuple[Any, ...]]
+                   ) -> tuple[list[tuple[AccrualNode, int]], list[tuple[str, str | None, float, int]]]:
+    """The kept group rows (:func:`reach_groups.read`) as the accrual groups (the live and the
+    terminated of one group together) and the live nodes' price counts."""
+    accrual: dict[tuple[Any, ...], int] = {}
+    live: dict[tuple[str, str | None, float], int] = {}
+    for pool, project, price, start, billed, ended, is_live, count in rows:
+        if start is not None:
+            key = (pool, project, float(price), start, bool(billed), ended)
+            accrual[key] = accrual.get(key, 0) + count
+        if is_live:
+            group = (pool, project, float(price))
+            live[group] = live.get(group, 0) + count
+    return ([(AccrualNode("", project, price, from_us(start),  # type: ignore[arg-type]
+                          from_us(ended), from_us(start) if billed else None, pool), count)
+             for (pool, project, price, start, billed, ended), count in accrual.items()],
+            [(*group, count) for group, count in live.items()])
+
+
+_COMMITTING: dict[str, sa.Select[Any]] = {}
+
+
+def committing(conn: Connection, now: datetime) -> list[CommitNode]:
+    """:meth:`Accrual.nodes_committing` in ``conn``'s transaction. The statement is built once
+    per dialect (``now`` a bound parameter): building it cost more than running it."""
+    dialect = conn.dialect.name
+    query = _COMMITTING.get(dialect)
+    if query is None:
+        n = T.nodes.c
+        if dialect == "postgresql":
+            created = sa.extract("epoch", n.created_at)
+        else:  # naive UTC text: julianday reads it, in days since noon of 4714 BC
+            created = (sa.func.julianday(n.created_at) - 2440587.5) * 86400.0
+        query = _COMMITTING[dialect] = (
+            sa.select(n.pool, n.project, n.state, n.price_usd_hour, n.budget_commit_usd,
+                      n.created_at)
+            .where(n.state != NodeState.TERMINATED.value, n.budget_commit_usd > 0,
+                   sa.or_(n.state == NodeState.REQUESTED.value, n.price_usd_hour <= 0,
+                          created + n.budget_commit_usd * 3600.0 / n.price_usd_hour + 60.0
+                          > sa.bindparam("now_s", type_=sa.Float())))
+            .order_by(n.created_at, n.id))
+    return [CommitNode(r.pool, r.project, NodeState(r.state), r.price_usd_hour,
+                       r.budget_commit_usd, r.created_at)
+            for r in conn.execute(query, {"now_s": epoch_us(now) / 1e6})]
+
+
+
 def _node(r: Any) -> AccrualNode:
     return AccrualNode(r.node_id, r.project, r.price_usd_hour, from_us(r.launched_us),  # type: ignore[arg-type]
                        from_us(r.ended_us), from_us(r.covered_us), r.pool)
@@ -294,50 +368,55 @@ class Accrual(StoreBase):
     def ledger_accrual_groups(self) -> list[tuple[AccrualNode, int]]:
         """The launched nodes the ledger is not final for, as (a node standing for the group,
         how many nodes): nodes of one pool, project and price whose unbilled time starts and
-        ends at the same instants, which accrue the same in any window. One ``GROUP BY``
-        streamed from a covering index. The group's node has no id; its ``launched`` is the
-        start of unbilled time, its ``covered_through`` the same when lines cover it."""
-        keys = (_r.pool, _r.project, _r.price_usd_hour, _r.start_us, _r.billed, _r.ended_us)
-        query = (sa.select(*keys, sa.func.count()).where(_r.start_us.is_not(None))
-                 .group_by(*keys))
-        with self._read() as conn:
-            return [(AccrualNode("", project, float(price), from_us(start),  # type: ignore[arg-type]
-                                 from_us(ended), from_us(start) if billed else None, pool),
-                     int(count))
-                    for pool, project, price, start, billed, ended, count in conn.execute(query)]
+        ends at the same instants, which accrue the same in any window. Read from the kept
+        group counts (:mod:`orchestrator.store.reach_groups`): a few rows whatever the number of
+        nodes. The group's node has no id; its ``launched`` is the start of unbilled time, its
+        ``covered_through`` the same when lines cover it."""
+        return self.budget_groups()[0]
 
     def live_node_price_counts(self) -> list[tuple[str, str | None, float, int]]:
         """(pool, project launched for, hourly price, nodes) of the nodes not yet terminated:
-        the burn rates of every budget in one ``GROUP BY`` over the covering index of the ledger
-        reach (every node has a row until the ledger is final for it, after its termination)."""
-        keys = (_r.pool, _r.project, _r.price_usd_hour)
-        query = sa.select(*keys, sa.func.count()).where(_r.live.is_(True)).group_by(*keys)
+        the burn rates of every budget, from the kept group counts of the ledger reach (every
+        node has a row until the ledger is final for it, after its termination)."""
+        return self.budget_groups()[1]
+
+    def budget_groups(self) -> tuple[list[tuple[AccrualNode, int]],
+                                     list[tuple[str, str | None, float, int]]]:
+        """:meth:`ledger_accrual_groups` and :meth:`live_node_price_counts` from one read of the
+        kept group counts: what every budget's status needs of the nodes."""
         with self._read() as conn:
-            return [(pool, project, float(price), int(count))
-                    for pool, project, price, count in conn.execute(query)]
+            return _budget_groups(reach_groups.read(conn))
 
     def nodes_committing(self, now: datetime) -> list[CommitNode]:
         """The live nodes (by creation) whose launch commitment may not all be accrued at
         ``now``: a commitment, and requested (nothing accrued yet) or younger than commitment /
         price plus a minute (a float bound in SQL that only ever keeps too many; the caller's
         exact Decimal sum of ``max(commit - accrued, 0)`` gives the others nothing anyway)."""
-        n = T.nodes.c
-        if self.dialect == "postgresql":
-            created = sa.extract("epoch", n.created_at)
-        else:  # naive UTC text: julianday reads it, in days since noon of 4714 BC
-            created = (sa.func.julianday(n.created_at) - 2440587.5) * 86400.0
-        now_s = epoch_us(require_aware(now, "now")) / 1e6
-        query = (
-            sa.select(n.pool, n.project, n.state, n.price_usd_hour, n.budget_commit_usd,
-                      n.created_at)
-            .where(n.state != NodeState.TERMINATED.value, n.budget_commit_usd > 0,
-                   sa.or_(n.state == NodeState.REQUESTED.value, n.price_usd_hour <= 0,
-                          created + n.budget_commit_usd * 3600.0 / n.price_usd_hour + 60.0
-                          > now_s))
-            .order_by(n.created_at, n.id))
+        require_aware(now, "now")
         with self._read() as conn:
-            return [CommitNode(r.pool, r.project, NodeState(r.state), r.price_usd_hour,
-                               r.budget_commit_usd, r.created_at) for r in conn.execute(query)]
+            return committing(conn, now)
+
+    def budget_inputs(self, now: datetime, windows: Iterable[tuple[datetime, datetime]]
+                      ) -> BudgetInputs:
+        """Everything every budget's status reads of the store, in one read transaction (one
+        consistent view, one connection): the ledger reach's group counts, the nodes that may
+        still owe part of their commitment, and each window's burst micro-dollars per (pool,
+        project) from the roll-ups (``cost_sums`` by pool and project, its cost alone)."""
+        require_aware(now, "now")
+        wanted = sorted(set(windows))
+        for since, until in wanted:
+            require_aware(since, "since")
+            require_aware(until, "until")
+        with self._read() as conn:
+            groups = reach_groups.read(conn)
+            commits = committing(conn, now)
+            lines = {(since, until): {
+                key: sums[0] for key, sums in rollups.rollup_sums(
+                    conn, ("pool", "project"), since=since, until=until, projects=None,
+                    pool=None, users=None, sums=("cost_micros", "lines")).items()}
+                for since, until in wanted}
+        accrual, live = _budget_groups(groups)
+        return BudgetInputs(accrual, live, commits, lines)  # type: ignore[arg-type]
 
     def rebuild_ledger_reach(self) -> int:
         """Rebuild ``ledger_reach`` from the nodes, their events, marks and lines (what migration
@@ -346,5 +425,5 @@ class Accrual(StoreBase):
             return rebuild(conn, self._insert)
 
 
-__all__ = ["Accrual", "AccrualNode", "CommitNode", "derive", "epoch_us", "from_us", "ledger_reach",
+__all__ = ["Accrual", "AccrualNode", "BudgetInputs", "CommitNode", "committing", "derive", "epoch_us", "from_us", "ledger_reach",
            "on_add", "on_event", "on_lines", "on_lines_many", "rebuild"]

@@ -1,7 +1,8 @@
 """The store's connection handling, shared by its repository parts.
 
 Every public Store method is one transaction: reads through ``_read()``, writes through
-``_write()`` (which on SQLite takes the write lock at BEGIN). Compare-and-set writes report a lost
+``_write()`` (which on SQLite takes the write lock at BEGIN, and ends with the ledger reach's
+group counts its writes changed, :mod:`orchestrator.store.reach_groups`). Compare-and-set writes report a lost
 race by the affected row count, never by an exception, so callers can treat conflicts as data.
 A fenced view (``fencing``, checks in ``fence``) makes ``_write()`` check its leader token first, in the same
 transaction.
@@ -20,7 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
-from orchestrator.store import migrate
+from orchestrator.store import migrate, reach_groups
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
 from orchestrator.store.fence import Fence
 
@@ -83,7 +84,14 @@ class StoreBase:
                 # First statements of the transaction, so a deposed leader's write is refused
                 # (and rolled back by the raise) before anything of it is written.
                 fence.check(conn)
-            yield conn
+            reach_groups.begin(conn)
+            try:
+                yield conn
+                # The ledger reach's group counts its writes changed: the transaction's last
+                # statements, in one order for every writer (orchestrator.store.reach_groups).
+                reach_groups.flush(conn)
+            finally:
+                reach_groups.discard(conn)
 
     def _insert(self, table: sa.Table) -> Any:
         """A dialect insert, which offers ``on_conflict_do_nothing`` / ``_do_update``.

@@ -101,7 +101,7 @@ def test_burn_and_commitments_equal_those_of_every_live_node(store: Store, nodes
     """Budget status reads live prices grouped and commitments of young nodes only: the same
     burn and committed USD as summing every live node's record."""
     with store.engine.begin() as conn:
-        for table in ("ledger_reach", "node_events", "nodes"):
+        for table in ("ledger_reach_groups", "ledger_reach", "node_events", "nodes"):
             conn.exec_driver_sql(f"DELETE FROM {table}")
     policy = make_policy(budgets=[{"name": "pool", "limit_usd": 1000},
                                   {"name": "research", "project": "research", "limit_usd": 50}])

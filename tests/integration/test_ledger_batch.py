@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from orchestrator.costs.ledger import roll_up
 from orchestrator.domain.costs import CostKind, CostLine
 from orchestrator.domain.jobs import JobState
-from orchestrator.store import Store
+from orchestrator.store import Store, reach_groups
 from orchestrator.store import tables as T
 from orchestrator.store.accrual import ledger_reach
 from orchestrator.store.ledger_batch import LedgerWrite, Written
@@ -78,6 +78,9 @@ def ledger_state(store: Store) -> dict[str, object]:
             out[table.name] = sorted(tuple(r) for r in conn.execute(
                 sa.select(table).where(sa.or_(*(s != 0 for s in sums)))))
         out["reach"] = sorted(tuple(r) for r in conn.execute(sa.select(ledger_reach)))
+        groups = reach_groups.kept(conn)
+        assert groups == reach_groups.derive(conn)  # the counts kept with the reach
+        out["reach_groups"] = sorted(groups.items(), key=lambda g: reach_groups.group_key(g[0]))
     return out
 
 

@@ -20,7 +20,7 @@ from orchestrator.costs.spend import WindowSpend, _accrued_micros, spend
 from orchestrator.domain import NodeState
 from orchestrator.domain.costs import CostKind, CostLine
 from orchestrator.lifecycle import NodeEvent, transition
-from orchestrator.store import Store
+from orchestrator.store import Store, reach_groups
 from orchestrator.store import tables as T
 from orchestrator.store.accrual import AccrualNode, derive, ledger_reach
 from tests.builders import make_node, make_offering
@@ -28,7 +28,7 @@ from tests.builders import make_node, make_offering
 T0 = datetime(2025, 3, 1, 6, 0, tzinfo=UTC)
 H = timedelta(hours=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-TABLES = ("ledger_reach", "cost_lines", "cost_rollup_hours", "cost_rollup_days",
+TABLES = ("ledger_reach_groups", "ledger_reach", "cost_lines", "cost_rollup_hours", "cost_rollup_days",
           "cost_rollup_months", "ledger_marks", "node_events", "nodes")
 
 node_st = st.fixed_dictionaries({
@@ -164,10 +164,13 @@ def _order(row: tuple) -> tuple:
 
 
 def reach_rows(store: Store) -> set[tuple]:
+    """The kept reach rows, checked equal to a derivation from scratch, and its kept group
+    counts to the ``GROUP BY`` of the rows."""
     with store.engine.connect() as conn:
         kept = {tuple(r) for r in conn.execute(sa.select(ledger_reach))}
         derived = {tuple(row[col.name] for col in ledger_reach.columns)
                    for row in derive(conn)}
+        assert reach_groups.kept(conn) == reach_groups.derive(conn)
     assert kept == derived
     return kept
 
@@ -175,7 +178,7 @@ def reach_rows(store: Store) -> set[tuple]:
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(specs=st.lists(node_st, min_size=1, max_size=6), since=moment_st, until=moment_st,
-       now=moment_st, garble=st.sampled_from(["none", "drop", "stale"]))
+       now=moment_st, garble=st.sampled_from(["none", "drop", "stale", "counts"]))
 def test_the_accrual_aggregate_equals_the_per_node_derivation(
         store: Store, specs: list[dict], since: datetime, until: datetime, now: datetime,
         garble: str) -> None:
@@ -205,6 +208,8 @@ def test_the_accrual_aggregate_equals_the_per_node_derivation(
             conn.execute(sa.delete(ledger_reach))
         elif garble == "stale":
             conn.execute(sa.update(ledger_reach).values(covered_us=None, mark_us=None))
+        elif garble == "counts":
+            conn.execute(sa.update(reach_groups.ledger_reach_groups).values(nodes=7))
     store.rebuild_cost_rollups()
     assert reach_rows(store) == kept
     assert WindowSpend(store, now).accrued(since, until) == want
@@ -229,8 +234,9 @@ def test_half_a_micro_dollar_rounds_to_even_as_python_does(store: Store) -> None
 
 
 def test_migrations_build_the_reach_from_what_a_store_holds(store: Store) -> None:
-    """0019 derives the rows from nodes, events, marks and lines; 0020 their groups' columns:
-    from a store at 0018 or at 0019 alike, the rows the upkeep keeps."""
+    """0019 derives the rows from nodes, events, marks and lines; 0020 their groups' columns;
+    0021 counts the groups: from a store at 0018, 0019 or 0020 alike, the rows and counts the
+    upkeep keeps."""
     empty(store)
     specs = [{"pool": ["gpu", "big"][i % 2], "project": [None, "nlp", "vision"][i % 3],
               "price": [9.5, 1.2345678, 32.77][i % 3], "launch": [None, 5, 30, 90][i % 4],
@@ -240,7 +246,7 @@ def test_migrations_build_the_reach_from_what_a_store_holds(store: Store) -> Non
     build(store, specs)
     want = reach_rows(store)
     assert want  # live and unfinished nodes
-    for revision in ("0018", "0019"):
+    for revision in ("0018", "0019", "0020"):
         store.downgrade(revision)
         store.upgrade()
         assert reach_rows(store) == want
