@@ -24,6 +24,13 @@ from orchestrator.store.codec import json_dumps
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_OPTION = "burst_write"  # execution option marking a connection that will write
 DEFAULT_DB_NAME = "burst.db"
+# PostgreSQL connections kept open per process (SQLAlchemy's default keeps 5): the API serves
+# requests from a thread pool, and beyond the kept ones each request opened and closed its own
+# connection, which set the tail of every route under 8 concurrent clients (docs/performance.md,
+# "/v1/budgets ... (issue 17, part 3, 2026-12-05)"). A pool only grows as far as a process uses it
+# at once, so a worker that runs one task at a time still holds one connection.
+PG_POOL_SIZE = 12
+PG_MAX_OVERFLOW = 20
 
 
 def default_sqlite_url(state_dir: Path) -> str:
@@ -64,7 +71,7 @@ def make_engine(url: str | URL, *, read_only: bool = False) -> Engine:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, read_only=read_only)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"pool_size": PG_POOL_SIZE, "max_overflow": PG_MAX_OVERFLOW}
     if read_only:
         kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
     return sa.create_engine(parsed, pool_pre_ping=True, json_serializer=json_dumps, **kwargs)
