@@ -28,47 +28,24 @@ Pure: the answer is a function of the queue and ``now`` alone. Thread-safe as
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
-from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not, ne
-
-import numpy as np
+from bisect import bisect_right, insort
+from itertools import count
 
 from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.planner import node_shape
 from orchestrator.planner.backfill import INF, NodeSpace
-from orchestrator.planner.node_shape import Grouped, shape
+from orchestrator.planner.node_shape import Grouped
 
 _EXACT = 2 ** 53  # integers below this (in magnitude) are floats exactly
-_NEG = -INF
-
-
-@dataclass(frozen=True, slots=True)
-class _Kept:
-    per: tuple[int, ...]  # free GPUs per node, as read
-    sizes: list[int]
-    grouped: Grouped  # as node_shape answered (its lists: unchanged nodes share them)
-    widest: int
-    first: list[float]  # per node: its first release's end, µs (INF: none)
-    first_arr: np.ndarray  # the same, float64
-    order: list[int]  # the nodes by ``first``
-    full: list[float]  # per widest node: from when (µs) it is entirely free (-INF: now; INF: never)
-    opens: list[tuple[float, int]]  # (full, node) of those with one, sorted
-    free_nodes: frozenset[int]  # the nodes with GPUs free (per)
-    free_total: int
-
-
-_last: list[_Kept | None] = [None]
 
 
 def space(queue: PoolQueue, now_us: int) -> NodeSpace:
     """The node space of ``queue`` at ``now_us`` (µs since the epoch): what :func:`from_scratch`
     builds, with each node's steps read when first asked. Every release names its node."""
-    sizes, grouped = shape(queue)
-    kept = _kept(queue, sizes, grouped)
-    if kept is None or not -_EXACT < now_us < _EXACT:
-        return _build(queue.onprem.free_per_node, sizes, grouped, now_us)
-    per = kept.per
+    sizes, grouped, kept = node_shape.kept(queue)
+    per = queue.onprem.free_per_node
+    if not kept.exact or not -_EXACT < now_us < _EXACT:
+        return _build(per, sizes, grouped, now_us)
     cache: dict[int, tuple[list[float], list[int]]] = {}
 
     def load(node: int) -> tuple[list[float], list[int]]:
@@ -82,19 +59,15 @@ def space(queue: PoolQueue, now_us: int) -> NodeSpace:
     order = kept.order
     ended = bisect_right(order, now_us, key=first.__getitem__)  # first release at or before now
     free_total = kept.free_total
-    if ended:
-        free_nodes = set(kept.free_nodes)
-        by_next = order[ended:]
-        for node in order[:ended]:
-            times, frees = load(node)
-            free_total += frees[0] - per[node]
-            if frees[0] > 0:
-                free_nodes.add(node)
-            nexts[node] = times[1] if len(times) > 1 else INF
-            insort(by_next, node, key=nexts.__getitem__)
-    else:
-        free_nodes = set(kept.free_nodes)
-        by_next = list(order)
+    free_nodes = set(kept.free_nodes)
+    by_next = order[ended:]
+    for node in order[:ended]:  # (read now: what ended adds to its free GPUs, its next step)
+        times, frees = load(node)
+        free_total += frees[0] - per[node]
+        if frees[0] > 0:
+            free_nodes.add(node)
+        nexts[node] = times[1] if len(times) > 1 else INF
+        insort(by_next, node, key=nexts.__getitem__)
     kept_opens = kept.opens
 
     def opens() -> list[tuple[float, int, float]]:
@@ -108,7 +81,7 @@ def space(queue: PoolQueue, now_us: int) -> NodeSpace:
 
 def from_scratch(queue: PoolQueue, now_us: int) -> NodeSpace:
     """The node space built in full (every node's steps, from the releases): the reference."""
-    sizes, grouped = shape(queue)
+    sizes, grouped = node_shape.shape(queue)
     return _build(queue.onprem.free_per_node, sizes, grouped, now_us)
 
 
@@ -149,97 +122,6 @@ def _build(per: tuple[int, ...], sizes: list[int], grouped: Grouped, now_us: int
             opens.append((times[frees.index(size)], node, INF))
     opens.sort()
     return NodeSpace.of_steps(sizes, all_times, all_frees, 0.0, opens=opens)
-
-
-def _first(ends: list[tuple[int, int]]) -> float:
-    return ends[0][0] if ends else INF
-
-
-def _full(free: int, ends: list[tuple[int, int]], size: int) -> float:
-    """From when (µs) a node of ``size`` GPUs is entirely free for good: -INF already, INF
-    never (releases only add free GPUs, up to the size)."""
-    level = free
-    if level == size:
-        return _NEG
-    for end_us, gpus in ends:
-        level += gpus
-        if level == size:
-            return end_us
-    return INF
-
-
-def _kept(queue: PoolQueue, sizes: list[int], grouped: Grouped) -> _Kept | None:
-    """The kept entry of this queue (derived from the last one where it can be); None where
-    an end lies too far from the epoch to be held as a float exactly."""
-    per = queue.onprem.free_per_node
-    last = _last[0]
-    if last is not None and last.per is per and last.grouped is grouped and last.sizes == sizes:
-        return last
-    widest = max(sizes, default=0)
-    if last is None or len(last.per) != len(per) or last.widest != widest:
-        made = _scratch(per, sizes, grouped, widest)
-    else:
-        made = _since(last, per, sizes, grouped)
-    _last[0] = made
-    return made
-
-
-def _exact(ends: list[tuple[int, int]]) -> bool:
-    return not ends or (-_EXACT < ends[0][0] and ends[-1][0] < _EXACT)
-
-
-def _scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped, widest: int
-             ) -> _Kept | None:
-    if not all(map(_exact, grouped)):
-        return None
-    first = [float(_first(ends)) for ends in grouped]
-    full = [float(_full(free, ends, size)) if size == widest else INF
-            for free, ends, size in zip(per, grouped, sizes)]
-    order = sorted(range(len(per)), key=first.__getitem__)
-    opens = sorted((f, node) for node, f in enumerate(full) if f < INF)
-    free_nodes = frozenset(compress(count(), map((0).__lt__, per)))
-    return _Kept(per, sizes, grouped, widest, first, np.array(first, dtype=np.float64), order,
-                 full, opens, free_nodes, sum(per))
-
-
-def _since(last: _Kept, per: tuple[int, ...], sizes: list[int], grouped: Grouped
-           ) -> _Kept | None:
-    changed = set(compress(count(), map(is_not, grouped, last.grouped)))
-    changed.update(compress(count(), map(ne, per, last.per)))
-    changed.update(compress(count(), map(ne, sizes, last.sizes)))
-    if not all(_exact(grouped[node]) for node in changed):
-        return None
-    widest = last.widest
-    first = list(last.first)
-    first_arr = last.first_arr.copy()
-    order = list(last.order)
-    full = list(last.full)
-    opens = list(last.opens)
-    free_nodes = set(last.free_nodes)
-    for node in changed:
-        ends = grouped[node]
-        was, now = first[node], float(_first(ends))
-        if now != was:
-            at = bisect_left(order, was, key=first.__getitem__)
-            while order[at] != node:  # (past those with an equal first end)
-                at += 1
-            del order[at]
-            first[node] = first_arr[node] = now
-            insort(order, node, key=first.__getitem__)
-        was = full[node]
-        now = float(_full(per[node], ends, sizes[node])) if sizes[node] == widest else INF
-        if now != was:
-            if was < INF:
-                del opens[bisect_left(opens, (was, node))]
-            full[node] = now
-            if now < INF:
-                insort(opens, (now, node))
-        if per[node] > 0:
-            free_nodes.add(node)
-        else:
-            free_nodes.discard(node)
-    return _Kept(per, sizes, grouped, widest, first, first_arr, order, full, opens,
-                 frozenset(free_nodes), sum(per))
 
 
 __all__ = ["from_scratch", "space"]
