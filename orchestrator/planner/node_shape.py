@@ -128,7 +128,7 @@ def _scratch(queue: PoolQueue) -> _Shape:
 def _since(last: _Shape, queue: PoolQueue) -> _Shape:
     per = queue.onprem.free_per_node
     releases = queue.onprem_releases
-    gone, came = _diff(last.releases, releases)
+    gone, came = diff(last.releases, releases)
     grouped = list(last.grouped)
     held = list(last.held)
     changed: set[int] = set()  # the nodes whose lists are this answer's own (the last's shared)
@@ -165,7 +165,7 @@ def _since(last: _Shape, queue: PoolQueue) -> _Shape:
     return _Shape(per, total, releases, held, sizes, grouped, kept)
 
 
-def _diff(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
+def diff(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
           ) -> tuple[list[OnPremRelease], list[OnPremRelease]]:
     """The releases of ``before`` that left and those of ``after`` that came: an edit that
     makes ``after`` of ``before`` by identity, position by position (a source reports its
@@ -206,7 +206,7 @@ def _diff(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
 
 def _diff_by_ids(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
                  ) -> tuple[list[OnPremRelease], list[OnPremRelease]]:
-    """:func:`_diff` by sets of identities (every object of ``before`` is alive: no other can
+    """:func:`diff` by sets of identities (every object of ``before`` is alive: no other can
     share its ``id``); a release reported more than once in either is counted per report."""
     return _unmatched(before, Counter(map(id, after))), _unmatched(after, Counter(map(id, before)))
 
@@ -317,4 +317,4 @@ def _kept_since(last: Kept, per: tuple[int, ...], sizes: list[int], grouped: Gro
                 sum(per))
 
 
-__all__ = ["Kept", "from_scratch", "kept", "kept_from_scratch", "shape"]
+__all__ = ["Kept", "diff", "from_scratch", "kept", "kept_from_scratch", "shape"]

@@ -71,7 +71,7 @@ def test_the_diff_of_two_pools_releases_is_an_edit_between_them(before, after):
     objects = [OnPremRelease(1, T0, 0) for _ in range(46)]
     old = tuple(objects[i] for i in before)
     new = tuple(objects[i] for i in after)
-    gone, came = node_shape._diff(old, new)
+    gone, came = node_shape.diff(old, new)
     left = Counter(map(id, old))
     left.subtract(map(id, gone))
     left.update(map(id, came))
@@ -84,5 +84,5 @@ def test_the_diff_of_a_steady_order_is_what_left_and_what_came():
     old = tuple(objects[:150])
     new = tuple(o for k, o in enumerate(objects[:150]) if k not in (3, 40, 41, 42, 99)) + tuple(
         objects[150:160])
-    gone, came = node_shape._diff(old, new)
+    gone, came = node_shape.diff(old, new)
     assert gone == [objects[k] for k in (3, 40, 41, 42, 99)] and came == objects[150:160]
