@@ -52,7 +52,9 @@ class Kept:
     first_arr: np.ndarray  # the same, float64
     order: list[int]  # the nodes by ``first`` (ties in any order)
     full: list[float]  # per widest node: from when it is entirely free (-INF: now; INF: never)
-    opens: list[tuple[float, int]]  # (full, node) of the widest nodes that have one, sorted
+    # The widest nodes that have a ``full``, sorted by (full, node): their ``full`` and the nodes
+    opens_full: list[float]
+    opens_node: list[int]
     free_nodes: frozenset[int]  # the nodes with GPUs free now (as read)
     free_total: int
 
@@ -262,7 +264,7 @@ def _full(free: int, ends: list[tuple[int, int]], size: int) -> float:
     return INF
 
 
-_INEXACT = Kept(False, 0, [], np.zeros(0), [], [], [], frozenset(), 0)
+_INEXACT = Kept(False, 0, [], np.zeros(0), [], [], [], [], frozenset(), 0)
 
 
 def _kept_scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped) -> Kept:
@@ -274,7 +276,8 @@ def _kept_scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped) -> K
             for free, ends, size in zip(per, grouped, sizes)]
     order = sorted(range(len(per)), key=first.__getitem__)
     opens = sorted((f, node) for node, f in enumerate(full) if f < INF)
-    return Kept(True, widest, first, np.array(first, dtype=np.float64), order, full, opens,
+    return Kept(True, widest, first, np.array(first, dtype=np.float64), order, full,
+                [f for f, _ in opens], [node for _, node in opens],
                 frozenset(compress(count(), map((0).__lt__, per))), sum(per))
 
 
@@ -289,7 +292,8 @@ def _kept_since(last: Kept, per: tuple[int, ...], sizes: list[int], grouped: Gro
     first_arr = last.first_arr.copy()
     order = list(last.order)
     full = list(last.full)
-    opens = list(last.opens)
+    opens_full = list(last.opens_full)
+    opens_node = list(last.opens_node)
     free_nodes = set(last.free_nodes)
     for node in changed:
         ends = grouped[node]
@@ -305,15 +309,24 @@ def _kept_since(last: Kept, per: tuple[int, ...], sizes: list[int], grouped: Gro
         now = _full(per[node], ends, sizes[node]) if sizes[node] == widest else INF
         if now != was:
             if was < INF:
-                del opens[bisect_left(opens, (was, node))]
+                at = bisect_left(opens_full, was)
+                while opens_node[at] != node:
+                    at += 1
+                del opens_full[at]
+                del opens_node[at]
             full[node] = now
             if now < INF:
-                insort(opens, (now, node))
+                at = bisect_left(opens_full, now)
+                while at < len(opens_full) and opens_full[at] == now and opens_node[at] < node:
+                    at += 1
+                opens_full.insert(at, now)
+                opens_node.insert(at, node)
         if per[node] > 0:
             free_nodes.add(node)
         else:
             free_nodes.discard(node)
-    return Kept(True, widest, first, first_arr, order, full, opens, frozenset(free_nodes),
+    return Kept(True, widest, first, first_arr, order, full, opens_full, opens_node,
+                frozenset(free_nodes),
                 sum(per))
 
 

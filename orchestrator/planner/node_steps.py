@@ -29,7 +29,9 @@ Pure: the answer is a function of the queue and ``now`` alone. Thread-safe as
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from itertools import count
+from itertools import count, repeat
+
+import numpy as np
 
 from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner import node_shape
@@ -68,12 +70,17 @@ def space(queue: PoolQueue, now_us: int) -> NodeSpace:
             free_nodes.add(node)
         nexts[node] = times[1] if len(times) > 1 else INF
         insort(by_next, node, key=nexts.__getitem__)
-    kept_opens = kept.opens
+    opens_full, opens_node = kept.opens_full, kept.opens_node
 
     def opens() -> list[tuple[float, int, float]]:
-        made = [(0.0 if full <= now_us else (full - now_us) / 1e6, node, INF)
-                for full, node in kept_opens]
-        made.sort()  # (those free now all open at 0.0: by node)
+        # Those entirely free at or before now open at 0.0 (by node); the others in order.
+        free = bisect_right(opens_full, now_us)
+        made = [(0.0, node, INF) for node in sorted(opens_node[:free])]
+        fulls = np.array(opens_full[free:], dtype=np.float64)
+        at = (fulls - now_us) / 1e6  # (as (end_us - now_us) / 1e6: exact)
+        made += zip(at.tolist(), opens_node[free:], repeat(INF))
+        if ((at[1:] == at[:-1]) & (fulls[1:] != fulls[:-1])).any():
+            made.sort()  # (two instants a float cannot tell apart: by node)
         return made
 
     return NodeSpace.of_loader(sizes, load, free_nodes, free_total, nexts, by_next, opens)

@@ -27,7 +27,7 @@ def _queue(per: tuple[int, ...], releases: tuple[OnPremRelease, ...], total: int
 def _kept_fields(kept: node_shape.Kept) -> tuple:
     # (the order by first end: ties in any order, so compared as the sorted keys and the set)
     return (kept.exact, kept.widest, kept.first, kept.first_arr.tolist(),
-            [kept.first[n] for n in kept.order], sorted(kept.order), kept.full, kept.opens,
+            [kept.first[n] for n in kept.order], sorted(kept.order), kept.full, kept.opens_full, kept.opens_node,
             kept.free_nodes, kept.free_total)
 
 
@@ -99,3 +99,20 @@ def test_an_end_too_far_from_the_epoch_for_a_float_builds_the_space_in_full():
     space = node_steps.space(queue, to_us(T0))
     assert space.times[0] is not None  # (built in full)
     assert _state(space) == _state(node_steps.from_scratch(queue, to_us(T0)))
+
+
+def test_two_ends_a_float_cannot_tell_apart_open_in_node_order():
+    # Near 2**53 µs from now, a second from now is coarser than a microsecond: the ends of
+    # node 1 (earlier) and node 0 (a µs later) are one instant, where the sweep takes node 0
+    # first, as the space built in full does.
+    from orchestrator.domain.pending import from_us
+
+    node_shape._last[0] = None
+    base = 2 ** 53 - 10
+    later, earlier = from_us(base + 1), from_us(base)
+    assert (base + 1) / 1e6 == base / 1e6
+    queue = _queue((0, 0, 4), (OnPremRelease(4, later, 0), OnPremRelease(4, earlier, 1)), 12)
+    lazy, full = node_steps.space(queue, 0), node_steps.from_scratch(queue, 0)
+    assert lazy._windows() == full._windows()
+    assert [node for _, node, _ in lazy._windows()] == [2, 0, 1]
+    assert lazy.earliest(8, 10.0) == full.earliest(8, 10.0)
