@@ -150,27 +150,35 @@ class NodeSpace:
     def of_loader(cls, sizes: list[int], load: Callable[[int], tuple[list[float], list[int]]],
                   free_nodes: set[int], free_total: int, nexts: list[float],
                   by_next: list[int], opens: Callable[[], list[tuple[float, int, float]]],
-                  now: float = 0.0) -> NodeSpace:
+                  now: float = 0.0, widest: list[int] | None = None,
+                  smallest: int | None = None) -> NodeSpace:
         """The space whose nodes' step lists are read from ``load(node)`` (``times``, ``frees``,
         as ``of_steps`` takes them; shared: never changed in place) when first asked, for a
         caller that knows the rest without them: the nodes with GPUs free now and how many,
         each node's second step (``nexts``: INF for none) and the nodes by it (``by_next``,
         sorted, ties in any order), and the widest nodes' windows of being entirely free
         (``opens()``: a fresh sorted list as ``of_steps`` takes it, made when a wide job asks).
-        A plan reads the steps of a few nodes of hundreds. ``sizes`` is not copied."""
+        A plan reads the steps of a few nodes of hundreds. ``sizes`` is not copied; ``widest``
+        (the nodes of the largest size, in order) and ``smallest`` (the smallest size) where the
+        caller knows them."""
         space = cls.__new__(cls)
         n = len(sizes)
         space.sizes = sizes
         space.now = now
-        space.node_size = max(sizes, default=0)
-        space._smallest = min(sizes, default=0)
+        if widest is None or smallest is None:
+            space.node_size = max(sizes, default=0)
+            widest = list(compress(count(), map(space.node_size.__eq__, sizes)))
+            smallest = min(sizes, default=0)
+        else:
+            space.node_size = sizes[widest[0]] if widest else 0
+        space._smallest = smallest
         space.times = [None] * n  # type: ignore[list-item]  (read from load when first asked)
         space.frees = [None] * n  # type: ignore[list-item]
         space._load = load
         space.free_total = free_total
         space.free_nodes = free_nodes
         space._whole = [None] * n
-        space._widest = list(compress(count(), map(space.node_size.__eq__, sizes)))
+        space._widest = widest
         space._opens = opens  # type: ignore[assignment]  (made at the first sweep)
         space._dirty = set()
         space._own = [False] * n  # (the loaded lists are shared)

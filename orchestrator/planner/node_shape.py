@@ -48,6 +48,8 @@ class Kept:
 
     exact: bool
     widest: int  # the largest node size
+    smallest: int  # the smallest
+    widest_nodes: list[int]  # the nodes of the largest size, in order
     first: list[float]  # per node: its first release's end (INF: none)
     first_arr: np.ndarray  # the same, float64
     order: list[int]  # the nodes by ``first`` (ties in any order)
@@ -163,7 +165,7 @@ def _since(last: _Shape, queue: PoolQueue) -> _Shape:
     if not last.kept.exact or (resized and max(sizes, default=0) != last.kept.widest):
         kept = _kept_scratch(per, sizes, grouped)
     else:
-        kept = _kept_since(last.kept, per, sizes, grouped, changed)
+        kept = _kept_since(last.kept, per, sizes, grouped, changed, resized)
     return _Shape(per, total, releases, held, sizes, grouped, kept)
 
 
@@ -264,7 +266,7 @@ def _full(free: int, ends: list[tuple[int, int]], size: int) -> float:
     return INF
 
 
-_INEXACT = Kept(False, 0, [], np.zeros(0), [], [], [], [], frozenset(), 0)
+_INEXACT = Kept(False, 0, 0, [], [], np.zeros(0), [], [], [], [], frozenset(), 0)
 
 
 def _kept_scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped) -> Kept:
@@ -276,13 +278,14 @@ def _kept_scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped) -> K
             for free, ends, size in zip(per, grouped, sizes)]
     order = sorted(range(len(per)), key=first.__getitem__)
     opens = sorted((f, node) for node, f in enumerate(full) if f < INF)
-    return Kept(True, widest, first, np.array(first, dtype=np.float64), order, full,
+    return Kept(True, widest, min(sizes, default=0),
+                list(compress(count(), map(widest.__eq__, sizes))), first, np.array(first, dtype=np.float64), order, full,
                 [f for f, _ in opens], [node for _, node in opens],
                 frozenset(compress(count(), map((0).__lt__, per))), sum(per))
 
 
 def _kept_since(last: Kept, per: tuple[int, ...], sizes: list[int], grouped: Grouped,
-                changed: set[int]) -> Kept:
+                changed: set[int], resized: bool) -> Kept:
     if not changed:
         return last
     if not all(_exact(grouped[node]) for node in changed):
@@ -325,7 +328,12 @@ def _kept_since(last: Kept, per: tuple[int, ...], sizes: list[int], grouped: Gro
             free_nodes.add(node)
         else:
             free_nodes.discard(node)
-    return Kept(True, widest, first, first_arr, order, full, opens_full, opens_node,
+    smallest, widest_nodes = last.smallest, last.widest_nodes
+    if resized:  # (the largest size is the same: else the kept entry is made afresh)
+        smallest = min(sizes, default=0)
+        widest_nodes = list(compress(count(), map(widest.__eq__, sizes)))
+    return Kept(True, widest, smallest, widest_nodes, first, first_arr, order, full,
+                opens_full, opens_node,
                 frozenset(free_nodes),
                 sum(per))
 

@@ -83,7 +83,8 @@ def space(queue: PoolQueue, now_us: int) -> NodeSpace:
             made.sort()  # (two instants a float cannot tell apart: by node)
         return made
 
-    return NodeSpace.of_loader(sizes, load, free_nodes, free_total, nexts, by_next, opens)
+    return NodeSpace.of_loader(sizes, load, free_nodes, free_total, nexts, by_next, opens,
+                               widest=kept.widest_nodes, smallest=kept.smallest)
 
 
 def from_scratch(queue: PoolQueue, now_us: int) -> NodeSpace:

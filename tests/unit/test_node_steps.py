@@ -26,7 +26,7 @@ def _queue(per: tuple[int, ...], releases: tuple[OnPremRelease, ...], total: int
 
 def _kept_fields(kept: node_shape.Kept) -> tuple:
     # (the order by first end: ties in any order, so compared as the sorted keys and the set)
-    return (kept.exact, kept.widest, kept.first, kept.first_arr.tolist(),
+    return (kept.exact, kept.widest, kept.smallest, kept.widest_nodes, kept.first, kept.first_arr.tolist(),
             [kept.first[n] for n in kept.order], sorted(kept.order), kept.full, kept.opens_full, kept.opens_node,
             kept.free_nodes, kept.free_total)
 
@@ -38,7 +38,8 @@ def _state(s: NodeSpace) -> tuple:
     s._nodes_by_next_step()
     nexts = s._next
     assert [nexts[n] for n in s._by_next] == sorted(nexts)  # (ties in any order)
-    return (s.sizes, s.times, s.frees, s.free_total, s.free_nodes, nexts, s._windows())
+    return (s.sizes, s.node_size, s._smallest, s._widest, s.times, s.frees, s.free_total,
+            s.free_nodes, nexts, s._windows())
 
 
 # Each step: releases kept (by position in the last pool), releases new (node, end in s from T0,
