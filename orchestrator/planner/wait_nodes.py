@@ -47,6 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import to_us
@@ -83,6 +84,7 @@ class NodeSplit:
 # The last answer of node_space_problem, with the two tuples it read: a plan asks it several
 # times of one queue (the margin, the split, the record), and it walks every release.
 _last_problem: list = [None, None, None]
+_NODE = attrgetter("node")
 
 
 def node_space_problem(queue: PoolQueue) -> str | None:
@@ -94,11 +96,13 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     problem = None
     if not per:
         problem = "the queue source reports no free GPUs per node"
-    else:
-        for release in releases:
-            if release.node is None or release.node >= len(per):
-                problem = "the queue source reports running jobs without their node"
-                break
+    elif releases:
+        try:  # (one C-level pass: a node None fails the comparison)
+            unknown = max(map(_NODE, releases)) >= len(per)
+        except TypeError:
+            unknown = True
+        if unknown:
+            problem = "the queue source reports running jobs without their node"
     _last_problem[:] = [per, releases, problem]
     return problem
 
