@@ -208,8 +208,9 @@ class NodeSpace:
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
         self._widest = list(compress(count(), map(self.node_size.__eq__, self.sizes)))
         # Every widest node's windows as (opens, node, closes), sorted, once a wide job asked
-        # (None before; or, from ``of_loader``, the function that makes the base space's, as a
-        # list kept from the start: holds mark their nodes): a sweep reads them in order and stops at the first start, which is
+        # (None before; from ``of_loader``, the function that makes the base space's, taken as
+        # kept from the start: holds mark their nodes): a sweep reads them in order and stops
+        # at the first start, which is
         # nearly always among the first few, so keeping them sorted (the nodes a hold changed,
         # ``_dirty``, re-sorted in at the next sweep) is what spares sorting them per job.
         # While it is kept, ``_whole[node]`` is what it holds of a node a hold changed since

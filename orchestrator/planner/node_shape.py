@@ -16,8 +16,11 @@ first release end and the nodes sorted by it, each widest node's instant of bein
 for good and those nodes sorted by it, and the nodes with GPUs free now (:class:`Kept`).
 
 A release is known by its identity: the kept answer holds the tuple it was read from, so every
-object of that tuple is alive and no new object can share its ``id``. Thread-safe: the kept
-answer is one immutable entry, read once and replaced whole.
+object of that tuple is alive and no new object can share its ``id``. What left and what came
+are found position by position (:func:`diff`: a source reports its releases in a steady order,
+so the two tuples are long C-level runs of the same objects between a few changes), or by
+counts of identities where the positions are out of step. Thread-safe: the kept answer is one
+immutable entry, read once and replaced whole.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ Grouped = list[list[tuple[int, int]]]  # per node: (expected end in µs since th
 
 INF = float("inf")
 _EXACT = 2 ** 53  # integers below this in magnitude are floats exactly
-_DIFF_MAX = 64  # changes a positional diff finds before it goes by identity sets instead
+_DIFF_MAX = 64  # changes a positional diff finds before it counts identities instead
 _DIFF_LOOK = 9  # how far it looks for the next release in common
 
 
@@ -204,13 +207,13 @@ def diff(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
             came.append(after[j])
             i += 1
             j += 1
-        if len(gone) + len(came) > _DIFF_MAX:  # (out of step: by identity sets)
+        if len(gone) + len(came) > _DIFF_MAX:  # (out of step: by counts of identities)
             return _diff_by_ids(before, after)
 
 
 def _diff_by_ids(before: tuple[OnPremRelease, ...], after: tuple[OnPremRelease, ...]
                  ) -> tuple[list[OnPremRelease], list[OnPremRelease]]:
-    """:func:`diff` by sets of identities (every object of ``before`` is alive: no other can
+    """:func:`diff` by counts of identities (every object of ``before`` is alive: no other can
     share its ``id``); a release reported more than once in either is counted per report."""
     return _unmatched(before, Counter(map(id, after))), _unmatched(after, Counter(map(id, before)))
 
@@ -279,7 +282,8 @@ def _kept_scratch(per: tuple[int, ...], sizes: list[int], grouped: Grouped) -> K
     order = sorted(range(len(per)), key=first.__getitem__)
     opens = sorted((f, node) for node, f in enumerate(full) if f < INF)
     return Kept(True, widest, min(sizes, default=0),
-                list(compress(count(), map(widest.__eq__, sizes))), first, np.array(first, dtype=np.float64), order, full,
+                list(compress(count(), map(widest.__eq__, sizes))), first,
+                np.array(first, dtype=np.float64), order, full,
                 [f for f, _ in opens], [node for _, node in opens],
                 frozenset(compress(count(), map((0).__lt__, per))), sum(per))
 

@@ -26,9 +26,9 @@ def _queue(per: tuple[int, ...], releases: tuple[OnPremRelease, ...], total: int
 
 def _kept_fields(kept: node_shape.Kept) -> tuple:
     # (the order by first end: ties in any order, so compared as the sorted keys and the set)
-    return (kept.exact, kept.widest, kept.smallest, kept.widest_nodes, kept.first, kept.first_arr.tolist(),
-            [kept.first[n] for n in kept.order], sorted(kept.order), kept.full, kept.opens_full, kept.opens_node,
-            kept.free_nodes, kept.free_total)
+    return (kept.exact, kept.widest, kept.smallest, kept.widest_nodes, kept.first,
+            kept.first_arr.tolist(), [kept.first[n] for n in kept.order], sorted(kept.order),
+            kept.full, kept.opens_full, kept.opens_node, kept.free_nodes, kept.free_total)
 
 
 def _state(s: NodeSpace) -> tuple:
