@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import compress, count
@@ -82,6 +82,7 @@ class NodeSpace:
     __slots__ = (
         "_by_next",
         "_dirty",
+        "_load",
         "_next",
         "_smallest",
         "_opens",
@@ -145,8 +146,59 @@ class NodeSpace:
         space._opens = opens
         return space
 
+    @classmethod
+    def of_loader(cls, sizes: list[int], load: Callable[[int], tuple[list[float], list[int]]],
+                  free_nodes: set[int], free_total: int, nexts: list[float],
+                  by_next: list[int], opens: Callable[[], list[tuple[float, int, float]]],
+                  now: float = 0.0, widest: list[int] | None = None,
+                  smallest: int | None = None) -> NodeSpace:
+        """The space whose nodes' step lists are read from ``load(node)`` (``times``, ``frees``,
+        as ``of_steps`` takes them; shared: never changed in place) when first asked, for a
+        caller that knows the rest without them: the nodes with GPUs free now and how many,
+        each node's second step (``nexts``: INF for none) and the nodes by it (``by_next``,
+        sorted, ties in any order), and the widest nodes' windows of being entirely free
+        (``opens()``: a fresh sorted list as ``of_steps`` takes it, made when a wide job asks).
+        A plan reads the steps of a few nodes of hundreds. ``sizes`` is not copied; ``widest``
+        (the nodes of the largest size, in order) and ``smallest`` (the smallest size) where the
+        caller knows them."""
+        space = cls.__new__(cls)
+        n = len(sizes)
+        space.sizes = sizes
+        space.now = now
+        if widest is None or smallest is None:
+            space.node_size = max(sizes, default=0)
+            widest = list(compress(count(), map(space.node_size.__eq__, sizes)))
+            smallest = min(sizes, default=0)
+        else:
+            space.node_size = sizes[widest[0]] if widest else 0
+        space._smallest = smallest
+        space.times = [None] * n  # type: ignore[list-item]  (read from load when first asked)
+        space.frees = [None] * n  # type: ignore[list-item]
+        space._load = load
+        space.free_total = free_total
+        space.free_nodes = free_nodes
+        space._whole = [None] * n
+        space._widest = widest
+        space._opens = opens  # type: ignore[assignment]  (made at the first sweep)
+        space._dirty = set()
+        space._own = [False] * n  # (the loaded lists are shared)
+        space._next = nexts
+        space._by_next = by_next
+        return space
+
+    def steps(self, node: int) -> tuple[list[float], list[int]]:
+        """Node ``node``'s step lists (``times``, ``frees``), read where not yet."""
+        times = self.times[node]
+        if times is None:
+            times, frees = self._load(node)  # type: ignore[misc]
+            self.times[node] = times
+            self.frees[node] = frees
+            return times, frees
+        return times, self.frees[node]
+
     def _settle(self) -> None:
         # (C-level passes: a plan builds a space of every on-prem node)
+        self._load = None  # (every node's steps are here)
         self._smallest = min(self.sizes, default=0)
         now_free = list(map(_FIRST, self.frees))
         self.free_total = sum(now_free)  # GPUs free now, across nodes
@@ -156,7 +208,9 @@ class NodeSpace:
         self._whole: list[list[tuple[float, float]] | None] = [None] * len(self.sizes)
         self._widest = list(compress(count(), map(self.node_size.__eq__, self.sizes)))
         # Every widest node's windows as (opens, node, closes), sorted, once a wide job asked
-        # (None before): a sweep reads them in order and stops at the first start, which is
+        # (None before; from ``of_loader``, the function that makes the base space's, taken as
+        # kept from the start: holds mark their nodes): a sweep reads them in order and stops
+        # at the first start, which is
         # nearly always among the first few, so keeping them sorted (the nodes a hold changed,
         # ``_dirty``, re-sorted in at the next sweep) is what spares sorting them per job.
         # While it is kept, ``_whole[node]`` is what it holds of a node a hold changed since
@@ -178,6 +232,7 @@ class NodeSpace:
         are shared until a hold changes one (copy on write): a copy costs two lists of lists."""
         new = NodeSpace.__new__(NodeSpace)
         new.sizes = self.sizes
+        new._load = self._load
         new.now = self.now
         new.node_size = self.node_size
         new._smallest = self._smallest
@@ -187,7 +242,8 @@ class NodeSpace:
         new.free_nodes = set(self.free_nodes)
         new._whole = list(self._whole)
         new._widest = self._widest
-        new._opens = None if self._opens is None else list(self._opens)
+        opens = self._opens
+        new._opens = opens if opens is None or callable(opens) else list(opens)
         new._dirty = set(self._dirty)
         self._nodes_by_next_step()  # (made once, before the copies take it along)
         new._next = list(self._next)  # type: ignore[arg-type]
@@ -199,7 +255,7 @@ class NodeSpace:
     # -- queries -----------------------------------------------------------------------------
 
     def free_now(self, node: int) -> int:
-        return self.frees[node][0]
+        return self.steps(node)[1][0]
 
     def earliest(self, gpus: int, limit_s: float) -> tuple[float, Allocation] | None:
         """The earliest start of a job and where; None if it can never fit.
@@ -216,7 +272,10 @@ class NodeSpace:
         # The nodes with enough GPUs free now (few on a busy cluster), from their first step;
         # then the others by their second step, until it is past the best start found. The
         # best by (start, room, node), whatever the order they are read in.
+        load = self._load is not None
         for node in self.free_nodes:
+            if load and all_times[node] is None:
+                self.steps(node)
             if all_frees[node][0] < gpus or (sized and sizes[node] < gpus):
                 continue
             found = _first_window(all_times[node], all_frees[node], 0, gpus, limit_s,
@@ -230,6 +289,8 @@ class NodeSpace:
             if after[node] > best_start:
                 break
             frees = all_frees[node]
+            if frees is None:
+                frees = self.steps(node)[1]
             if frees[0] >= gpus or (sized and sizes[node] < gpus):
                 continue
             found = _first_window(all_times[node], frees, 1, gpus, limit_s, best_start)
@@ -269,6 +330,10 @@ class NodeSpace:
         if gpus > self.free_total:
             return None
         end = self.now + limit_s
+        if self._load is not None:
+            for node in self.free_nodes:
+                if self.times[node] is None:
+                    self.steps(node)
         if gpus > self.node_size:
             size = self.node_size
             need = math.ceil(gpus / size)
@@ -317,13 +382,16 @@ class NodeSpace:
             for node in self._widest:
                 windows = whole[node]
                 if windows is None:
-                    windows = whole[node] = _whole_windows(self.times[node], self.frees[node],
-                                                           size)
+                    times, frees = self.steps(node)
+                    windows = whole[node] = _whole_windows(times, frees, size)
                 opens.extend([(o, node, c) for o, c in windows])
             opens.sort()
             self._opens = opens
             self._dirty.clear()
-        elif self._dirty:
+            return opens
+        if callable(opens):  # (of_loader: the base space's, made now; the holds since marked)
+            opens = self._opens = opens()
+        if self._dirty:
             for node in self._dirty:
                 if self.sizes[node] != size:
                     continue
@@ -341,6 +409,8 @@ class NodeSpace:
         """Take the allocation's GPUs from ``start`` for ``limit_s`` (a start or a reservation)."""
         end = start + limit_s
         for node, gpus in allocation:
+            if self.times[node] is None:
+                self.steps(node)
             if self._opens is None:
                 self._whole[node] = None
             elif node not in self._dirty:  # (its windows leave the sorted ones at the next sweep)

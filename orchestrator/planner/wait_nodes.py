@@ -47,13 +47,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import count
+from operator import attrgetter
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.pending import to_us
 from orchestrator.domain.snapshot import PoolQueue
+from orchestrator.planner import node_steps
 from orchestrator.planner.backfill import INF, Allocation, NodeSpace
-from orchestrator.planner.node_shape import shape
 from orchestrator.policy.models import Displacement
 
 MAX_TRIES = 8  # late jobs tried for displacement per tick (each try rebuilds the space a few times)
@@ -84,6 +84,7 @@ class NodeSplit:
 # The last answer of node_space_problem, with the two tuples it read: a plan asks it several
 # times of one queue (the margin, the split, the record), and it walks every release.
 _last_problem: list = [None, None, None]
+_NODE = attrgetter("node")
 
 
 def node_space_problem(queue: PoolQueue) -> str | None:
@@ -95,11 +96,13 @@ def node_space_problem(queue: PoolQueue) -> str | None:
     problem = None
     if not per:
         problem = "the queue source reports no free GPUs per node"
-    else:
-        for release in releases:
-            if release.node is None or release.node >= len(per):
-                problem = "the queue source reports running jobs without their node"
-                break
+    elif releases:
+        try:  # (one C-level pass: a node None fails the comparison)
+            unknown = max(map(_NODE, releases)) >= len(per)
+        except TypeError:
+            unknown = True
+        if unknown:
+            problem = "the queue source reports running jobs without their node"
     _last_problem[:] = [per, releases, problem]
     return problem
 
@@ -113,8 +116,7 @@ class _Space:
     then a copy for each fresh space asked for (a displacement's tries)."""
 
     def __init__(self, queue: PoolQueue, absorbed: Sequence[Job], now: datetime):
-        self.sizes, self.grouped = shape(queue)
-        self.free = queue.onprem.free_per_node
+        self.queue = queue
         self.now_us = to_us(now)
         self.absorbed = absorbed
         self._base: NodeSpace | None = None
@@ -139,36 +141,9 @@ class _Space:
 
     def _build(self) -> NodeSpace:
         """``NodeSpace(sizes, free, ends, 0.0)`` with each release's end in seconds from now
-        (as ``(ends_at - now).total_seconds()``: both divide the exact microseconds by 10**6
-        with one correct rounding), from the releases kept grouped by node and in order."""
-        now_us = self.now_us
-        all_times: list[list[float]] = []
-        all_frees: list[list[int]] = []
-        # The widest nodes' windows of being entirely free, sorted: releases only add free GPUs,
-        # up to the node's size, so a node is entirely free from its first step at its size on,
-        # for good.
-        opens: list[tuple[float, int, float]] = []
-        widest = max(self.sizes, default=0)
-        for node, free, ends, size in zip(count(), self.free, self.grouped, self.sizes):
-            times = [0.0]
-            frees = [free]
-            level = free  # free GPUs after the releases so far
-            last = 0.0  # the last step's time
-            for end_us, gpus in ends:
-                end = (end_us - now_us) / 1e6
-                level += gpus
-                if end <= last:  # (ended already, or at the previous end: one step)
-                    frees[-1] = level
-                else:
-                    times.append(end)
-                    frees.append(level)
-                    last = end
-            all_times.append(times)
-            all_frees.append(frees)
-            if level == size == widest:
-                opens.append((times[frees.index(size)], node, INF))
-        opens.sort()
-        return NodeSpace.of_steps(self.sizes, all_times, all_frees, 0.0, opens=opens)
+        (as ``(ends_at - now).total_seconds()``), from what is kept across plans: each node's
+        steps are read when first asked (:mod:`.node_steps`)."""
+        return node_steps.space(self.queue, self.now_us)
 
 
 def split_on_nodes(jobs: Sequence[Job], deadlines: Sequence[float], absorbed: Sequence[Job],

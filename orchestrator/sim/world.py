@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
+from itertools import chain
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
@@ -407,7 +408,7 @@ class World(OnPremFill, BurstFill, SpareFill):
         onprem = OnPremState(self.onprem.total, self.onprem.free_total, free)
         version, releases = self._releases_cache
         if version != self.onprem.version:
-            releases = tuple(r for per_job in self._releases.values() for r in per_job)
+            releases = tuple(chain.from_iterable(self._releases.values()))  # (C-level)
             self._releases_cache = (self.onprem.version, releases)
         return PoolQueue(self.pool_name, onprem, self._pending_tuple,
                          running_onprem_jobs=self.running_onprem,

@@ -59,3 +59,30 @@ def test_a_release_reported_twice_is_counted_twice():
     queue = _queue((4, 0), (release, release), 8)
     assert node_shape.shape(queue) == node_shape.from_scratch(queue)
     assert node_shape.shape(queue)[1][1] == [(node_shape.to_us(release.ends_at), 2)] * 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 30), max_size=40), st.lists(st.integers(0, 45), max_size=40))
+def test_the_diff_of_two_pools_releases_is_an_edit_between_them(before, after):
+    # Any two tuples of releases (objects 0-30 shared, repeats, any order): what left and what
+    # came make one of the other, as multisets by identity; steady orders give short edits.
+    from collections import Counter
+
+    objects = [OnPremRelease(1, T0, 0) for _ in range(46)]
+    old = tuple(objects[i] for i in before)
+    new = tuple(objects[i] for i in after)
+    gone, came = node_shape.diff(old, new)
+    left = Counter(map(id, old))
+    left.subtract(map(id, gone))
+    left.update(map(id, came))
+    assert min(left.values(), default=0) >= 0 and +left == Counter(map(id, new))
+    assert all(r in old for r in gone) and all(r in new for r in came)
+
+
+def test_the_diff_of_a_steady_order_is_what_left_and_what_came():
+    objects = [OnPremRelease(1, T0, 0) for _ in range(200)]
+    old = tuple(objects[:150])
+    new = tuple(o for k, o in enumerate(objects[:150]) if k not in (3, 40, 41, 42, 99)) + tuple(
+        objects[150:160])
+    gone, came = node_shape.diff(old, new)
+    assert gone == [objects[k] for k in (3, 40, 41, 42, 99)] and came == objects[150:160]

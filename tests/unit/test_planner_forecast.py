@@ -124,3 +124,30 @@ def test_the_profile_built_at_once_is_the_one_added_up_step_by_step(free, taken,
         stepwise.add(gpus, start, INF)
     built = _Profile.build(free, taken, freed)
     assert (built.times, built.free) == (stepwise.times, stepwise.free)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.booleans(), max_size=12),
+                          st.lists(st.tuples(st.integers(1, 4),
+                                             st.sampled_from([-60.0, 0.0, 0.5, 30.0, 59.999999,
+                                                              60.0, 60.000001, 1e6 + 0.3])),
+                                   max_size=5),
+                          st.sampled_from([0.0, 30.0, 45.5, 60.0])), min_size=1, max_size=10),
+       st.booleans())
+def test_the_releases_kept_across_plans_free_what_each_release_read_afresh_frees(steps, fresh):
+    # The GPUs freed per instant, from the ends kept across plans (a few releases change
+    # between two plans), equal those of every release read afresh, at each plan's instant.
+    from orchestrator.planner import forecast
+
+    if fresh:
+        forecast._last_ends[0] = None
+    releases: tuple[OnPremRelease, ...] = ()
+    for keep, new, at in steps:
+        kept = tuple(r for r, k in zip(releases, keep + [True] * len(releases)) if k)
+        releases = kept + tuple(OnPremRelease(g, T0 + s * S) for g, s in new)
+        now = T0 + at * S
+        expected: dict[float, int] = {}
+        for r in releases:
+            start = max((r.ends_at - now).total_seconds(), 0.0)
+            expected[start] = expected.get(start, 0) + r.gpus
+        assert forecast._freed(releases, now) == expected
