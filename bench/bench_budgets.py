@@ -3,14 +3,17 @@ next to a floor measured in the same run. Prints figures; not a test.
 
     python bench/bench_budgets.py [--nodes 10000] [--lines 300000] [--pending 2000]
                                   [--clients 8] [--seconds 5] [--rounds 3] [--pg [URL]]
-                                  [--no-sqlite] [--spread] [--profile | --writes]
+                                  [--no-sqlite] [--spread] [--rolled] [--profile | --writes]
 
 The scale bench's site (``bench_scale.build_site``: ``--nodes`` ready burst nodes of 50 projects,
 ``--lines`` cost lines over 90 days, the bench policy's 11 month budgets) without its tick
 figures, then its budgets set-up (``bench_scale.measure_budgets``: every node launched at its
 creation, the reach rebuilt, so each accrues with no line: ``budget_statuses`` in process next
 to the plain ``SELECT`` of the live nodes' rows). ``--spread``: each node launched at its own
-instant instead (one second apart), so no two nodes accrue alike.
+instant instead (one second apart), so no two nodes accrue alike. ``--rolled``: every node's
+ledger rolled up first as a running site's ticks do it (the first roll-up, then each tick of the
+two windows in which each node rolls at its own lag), so the reach's groups are a live site's:
+the state ``bench_scale.py`` measures the route in.
 
 Then ``burst api`` (uvicorn, one process, as deployed) under ``--clients`` keep-alive clients,
 ``--rounds`` rounds of ``GET /healthz`` (the floor: what any answer costs through uvicorn and the
@@ -61,6 +64,29 @@ def spread_launches(store: Store) -> None:
                 for i, node_id in enumerate(ids)]
         for i in range(0, len(rows), 2000):
             conn.execute(sa.insert(T.node_events), rows[i:i + 2000])
+
+
+def roll_as_a_site(store: Store) -> None:
+    """Roll every node's ledger up as a running site's ticks do: the first roll-up of every
+    node, then every tick (10 s apart) of the two windows in which each node is rolled up at
+    its own lag (``costs.ledger.spread_lag``): its lines then reach about thirty different
+    instants, so the reach's groups are as a live site's (about 1,500 here), not one per
+    project."""
+    from orchestrator.tick import roll_up_costs
+    from orchestrator.wiring import Settings, build_runtime
+    from providers.sim import SimProvider
+
+    doc = bench_scale.policy_doc()
+    policy = load_policy_text(yaml.safe_dump(doc), "bench")
+    clock = bench_scale.FixedClock()
+    with tempfile.TemporaryDirectory(prefix="bench-budgets-roll-") as state:
+        rt = build_runtime(Settings(state_dir=state), [policy], clock=clock, store=store,
+                           providers={"sim": SimProvider(catalogue=bench_scale.sim_offerings(doc),
+                                                         clock=clock)})
+        clock_at = [bench_scale.NOW + bench_scale.TICK]
+        roll_up_costs(rt, clock_at[0], skip_fresh=True)
+        bench_scale.window_ticks(rt, clock_at, bench_scale.NOW + bench_scale.SETTLE)
+        bench_scale.window_ticks(rt, clock_at, bench_scale.NOW + timedelta(hours=1))
 
 
 def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Namespace) -> None:
@@ -220,6 +246,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--spread", action="store_true", help="every node launched at its own instant")
+    ap.add_argument("--rolled", action="store_true",
+                    help="every node rolled up as a running site's ticks do (spread lags)")
     ap.add_argument("--profile", action="store_true", help="profile in process, no API run")
     ap.add_argument("--writes", action="store_true", help="the reach writers' CPU, no API run")
     ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None)
@@ -235,6 +263,8 @@ def main() -> None:
         bench_scale.build_site(store, args.pending, args.nodes, args.lines, random.Random(42))
         if args.spread:
             spread_launches(store)
+        if args.rolled:
+            roll_as_a_site(store)
         print(f"  built in {time.perf_counter() - began:.1f} s")
         policy = load_policy_text(yaml.safe_dump(bench_scale.policy_doc()), "bench")
         bench_scale.measure_budgets(store, policy, args)

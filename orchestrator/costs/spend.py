@@ -25,7 +25,7 @@ from orchestrator.planner.budgets import budget_key, window_bounds
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 from orchestrator.store.base import require_aware
-from orchestrator.store.accrual import AccrualNode
+from orchestrator.store.accrual import AccrualGroup, AccrualNode, epoch_us
 
 _MICROS = Decimal(1_000_000)
 
@@ -79,22 +79,24 @@ class WindowSpend:
     """:func:`spend` of many budgets at one ``now``: the ledger's lines per (pool, project) of
     each window (:class:`WindowLines`, one read per window) and the accrual of the nodes the
     lines have not reached, per (pool, project) once per window, from the store's ledger reach
-    read once in groups of nodes that accrue alike (``Store.ledger_accrual_groups``): each
-    group's micro-dollars worked out once, times its nodes. ``groups``: these instead (read
-    once by the caller; or every node on its own, count 1, as tests compare); ``lines``: each
+    read once in groups of nodes that accrue alike (``Store.budget_groups``, in whole
+    microseconds): each group's micro-dollars worked out once, times its nodes. ``groups``:
+    these instead (read once by the caller; or every node on its own, count 1, as tests
+    compare: :meth:`AccrualGroup.of_node`); ``lines``: each
     window's lines per (pool, project) as read by the caller (``Store.budget_inputs``; a window
     not in it is read). Exact: the same integer micro-dollars as :func:`spend`, added in another
     order."""
 
     def __init__(self, store: Store, now: datetime,
-                 groups: list[tuple[AccrualNode, int]] | None = None,
+                 groups: list[AccrualGroup] | None = None,
                  lines: Mapping[tuple[datetime, datetime],
                                 dict[tuple[str | None, str | None], int]] | None = None) -> None:
         self._lines = WindowLines(store)
         if lines:
             self._lines._windows.update(lines)
-        self._groups = store.ledger_accrual_groups() if groups is None else groups
+        self._groups = store.budget_groups()[0] if groups is None else groups
         self._now = require_aware(now, "now")
+        self._now_us = epoch_us(now)
         self._accrued: dict[tuple[datetime, datetime],
                             dict[tuple[str, str | None], int]] = {}
         # Per window: its lines plus accrual summed per (pool, project) and per pool, so each
@@ -106,10 +108,23 @@ class WindowSpend:
         key = (since, until)
         if key not in self._accrued:
             groups: dict[tuple[str, str | None], int] = {}
-            for node, count in self._groups:
-                micros_ = _accrued_micros(node, since, until, self._now)
+            # As _accrued_micros of each group's node, in whole microseconds (the datetimes'
+            # differences are exact microseconds too, so every amount is the same integer).
+            now_us = self._now_us
+            since_us, stop_us = epoch_us(since), min(epoch_us(until), now_us)
+            for pool, project, price, launched, ended, covered, count in self._groups:
+                end = stop_us if ended is None or ended > stop_us else ended
+                start = launched if covered is None else covered
+                if start < since_us:
+                    start = since_us
+                if end <= start:
+                    continue
+                span = end - start
+                if covered is None and start == launched:
+                    span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum
+                micros_ = usd_micros(rate(price), span)
                 if micros_:
-                    group = (node.pool, node.project)
+                    group = (pool, project)
                     groups[group] = groups.get(group, 0) + micros_ * count
             self._accrued[key] = groups
         return self._accrued[key]

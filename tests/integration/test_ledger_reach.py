@@ -22,7 +22,7 @@ from orchestrator.domain.costs import CostKind, CostLine
 from orchestrator.lifecycle import NodeEvent, transition
 from orchestrator.store import Store, reach_groups
 from orchestrator.store import tables as T
-from orchestrator.store.accrual import AccrualNode, derive, ledger_reach
+from orchestrator.store.accrual import AccrualGroup, AccrualNode, derive, ledger_reach
 from tests.builders import make_node, make_offering
 
 T0 = datetime(2025, 3, 1, 6, 0, tzinfo=UTC)
@@ -188,7 +188,7 @@ def test_the_accrual_aggregate_equals_the_per_node_derivation(
         since, until = until, since + H
     want = grouped(from_scratch(store), since, until, now)
     assert WindowSpend(store, now).accrued(since, until) == want
-    per_node = [(node, 1) for node in store.ledger_accrual_nodes()]
+    per_node = [AccrualGroup.of_node(node) for node in store.ledger_accrual_nodes()]
     assert WindowSpend(store, now, per_node).accrued(since, until) == want
     assert sorted(store.live_node_price_counts(), key=_order) == live_prices(store)
     assert sorted(store.ledger_accrual_nodes(), key=lambda a: a.node_id) == \
