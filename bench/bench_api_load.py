@@ -28,6 +28,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,6 +127,28 @@ def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 120.0
     raise SystemExit(f"burst api did not answer within {timeout:.0f}s")
 
 
+@contextmanager
+def serve_api(env: dict) -> Iterator[str]:
+    """``burst api`` (one process, as deployed) with ``env`` on a free loopback port, until the
+    block ends: its base URL once ``/healthz`` answers. Stopped with SIGTERM, then killed if it
+    is still answering slow requests 30 s later."""
+    port = _free_port()
+    env = {**env, "BURST_API_HOST": "127.0.0.1", "BURST_API_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
+                             "api"], env=env, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
@@ -136,16 +160,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
         url = args.database_url or f"sqlite:///{Path(tmp) / 'burst.db'}"
         admin, credential = _prepare(url)
-        port = _free_port()
         env = {**os.environ, "PYTHONPATH": str(REPO), "BURST_STATE_DIR": tmp,
-               "BURST_DATABASE_URL": url, "BURST_API_HOST": "127.0.0.1",
-               "BURST_API_PORT": str(port), "BURST_LOG_LEVEL": "WARNING"}
-        proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import app; app()", "api"],
-                                env=env,
-                                stdin=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(base, proc)
+               "BURST_DATABASE_URL": url, "BURST_LOG_LEVEL": "WARNING"}
+        with serve_api(env) as base:
             routes = [
                 Route("floor: GET /healthz", "GET", "/healthz", {}),
                 Route("GET /v1/costs", "GET", "/v1/costs", {"Authorization": f"Bearer {admin}"}),
@@ -168,9 +185,6 @@ def main() -> int:
                 for error in route.errors[:3]:
                     print(f"    {error}")
                 failed += len(route.errors)
-        finally:
-            proc.terminate()
-            proc.wait(30)
         if args.database_url:
             Store(url).downgrade("base")
     return 1 if failed else 0

@@ -32,7 +32,6 @@ transport in this process (its sync endpoint inline, so ``cProfile`` sees it), o
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_report  # noqa: E402
 import bench_scale  # noqa: E402
-from bench_api_load import Route, _free_port, _quantile, _run, _wait_ready  # noqa: E402
+from bench_api_load import Route, _quantile, _run, serve_api  # noqa: E402
 
 from orchestrator.policy import load_policy_text  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
@@ -73,16 +72,9 @@ def roll_as_a_site(store: Store) -> None:
     instants, so the reach's groups are as a live site's (about 1,500 here), not one per
     project."""
     from orchestrator.tick import roll_up_costs
-    from orchestrator.wiring import Settings, build_runtime
-    from providers.sim import SimProvider
 
-    doc = bench_scale.policy_doc()
-    policy = load_policy_text(yaml.safe_dump(doc), "bench")
-    clock = bench_scale.FixedClock()
     with tempfile.TemporaryDirectory(prefix="bench-budgets-roll-") as state:
-        rt = build_runtime(Settings(state_dir=state), [policy], clock=clock, store=store,
-                           providers={"sim": SimProvider(catalogue=bench_scale.sim_offerings(doc),
-                                                         clock=clock)})
+        rt, _ = bench_scale.bench_runtime(store, state)
         clock_at = [bench_scale.NOW + bench_scale.TICK]
         roll_up_costs(rt, clock_at[0], skip_fresh=True)
         bench_scale.window_ticks(rt, clock_at, bench_scale.NOW + bench_scale.SETTLE)
@@ -93,15 +85,8 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
     url = store.url if store.dialect == "postgresql" else str(store.engine.url)
     admin, _ = store.create_api_token("admin", [], created_at=datetime.now(UTC),
                                       description="bench")
-    port = _free_port()
-    env = {**bench_scale.cli_env(url, policy_file, state), "BURST_API_HOST": "127.0.0.1",
-           "BURST_API_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
-                             "api"], env=env, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {admin}"}
-    try:
-        _wait_ready(base, proc)
+    with serve_api(bench_scale.cli_env(url, policy_file, state)) as base:
         for _ in range(20):  # warm: first answers import and build what later ones reuse
             _run(base, Route("warm", "GET", "/v1/budgets", auth), 1, 0.01)
         print(f"  API under {args.clients} clients, {args.seconds:g} s per route:")
@@ -115,13 +100,6 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
                       f"p99 {_quantile(ms, 0.99):6.1f} ms  errors {len(route.errors)}")
                 for error in route.errors[:2]:
                     print(f"      {error}")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
 
 
 def measure_writes(store: Store) -> None:

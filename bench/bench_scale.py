@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_report  # noqa: E402
-from bench_api_load import Route, _free_port, _quantile, _run, _wait_ready  # noqa: E402
+from bench_api_load import Route, _quantile, _run, serve_api  # noqa: E402
 
 from orchestrator.costs.ledger import ROLL_SPREAD, SETTLE, RollupResult  # noqa: E402
 from orchestrator.domain import NodeState  # noqa: E402
@@ -260,6 +260,20 @@ def read_floor(store: Store) -> Callable[[], object]:
     return read
 
 
+def bench_runtime(store: Store, state: str):  # type: ignore[no-untyped-def]
+    """The runtime every bench of this site plans with (the bench policy, the sim provider with
+    its offerings, a fixed clock at NOW), over ``store`` with its state in ``state``; and the
+    policy."""
+    from providers.sim import SimProvider
+
+    doc = policy_doc()
+    policy = load_policy_text(yaml.safe_dump(doc), "bench")
+    clock = FixedClock()
+    rt = build_runtime(Settings(state_dir=state), [policy], clock=clock, store=store,
+                       providers={"sim": SimProvider(catalogue=sim_offerings(doc), clock=clock)})
+    return rt, policy
+
+
 def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
     rng = random.Random(42)
     print(f"\n== {label}: {args.pending:,} pending jobs, {args.nodes:,} burst nodes, "
@@ -267,15 +281,8 @@ def measure_store(store: Store, label: str, args: argparse.Namespace) -> None:
     took = build_site(store, args.pending, args.nodes, args.lines, rng)
     print("  built in " + ", ".join(f"{k} {v:.1f} s" for k, v in took.items())
           + f" (submit_jobs: {args.pending / took['submit_jobs']:,.0f} jobs/s)")
-    doc = policy_doc()
-    policy = load_policy_text(yaml.safe_dump(doc), "bench")
-    from providers.sim import SimProvider
-
-    clock = FixedClock()
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as state:
-        rt = build_runtime(Settings(state_dir=state), [policy], clock=clock, store=store,
-                           providers={"sim": SimProvider(catalogue=sim_offerings(doc),
-                                                         clock=clock)})
+        rt, policy = bench_runtime(store, state)
         floor = read_floor(store)
         floor_med, floor_min = cpu(floor, args.repeat)
         n = args.pending
@@ -465,11 +472,6 @@ def measure_api(env: dict, url: str, args: argparse.Namespace) -> None:
                                           description="bench")
     finally:
         store.close()
-    port = _free_port()
-    env = {**env, "BURST_API_HOST": "127.0.0.1", "BURST_API_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
-                             "api"], env=env, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {admin}"}
     end = bench_report.END.date().isoformat()
     routes = [
@@ -482,8 +484,7 @@ def measure_api(env: dict, url: str, args: argparse.Namespace) -> None:
               "&group_by=project", auth),
         Route("GET /v1/budgets", "GET", "/v1/budgets", auth),
     ]
-    try:
-        _wait_ready(base, proc)
+    with serve_api(env) as base:
         print(f"  API under {args.clients} clients, {args.seconds:g} s per route:")
         for route in routes:
             took = _run(base, route, args.clients, args.seconds)
@@ -493,13 +494,6 @@ def measure_api(env: dict, url: str, args: argparse.Namespace) -> None:
                   f"errors {len(route.errors)}")
             for error in route.errors[:2]:
                 print(f"      {error}")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:  # still answering the slow requests: stop it hard
-            proc.kill()
-            proc.wait(30)
 
 
 def main() -> None:

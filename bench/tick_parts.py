@@ -23,13 +23,9 @@ import time
 
 import bench_report
 import bench_scale as b
-import yaml
 
 from orchestrator.gctune import THRESHOLDS
-from orchestrator.policy import load_policy_text
 from orchestrator.tick import planning_pass, roll_up_costs
-from orchestrator.wiring import Settings, build_runtime
-from providers.sim import SimProvider
 
 
 def _median_cpu(fn, n: int) -> float:
@@ -106,13 +102,8 @@ def main() -> None:
     args.no_sqlite = args.pg is not None
     for store, label in bench_report.each_store(args, "tick-parts"):
         b.build_site(store, args.pending, args.nodes, 0, random.Random(42))
-        doc = b.policy_doc()
-        policy = load_policy_text(yaml.safe_dump(doc), "bench")
-        clock = b.FixedClock()
         with tempfile.TemporaryDirectory(prefix="tick-parts-") as state:
-            rt = build_runtime(Settings(state_dir=state), [policy], clock=clock, store=store,
-                               providers={"sim": SimProvider(catalogue=b.sim_offerings(doc),
-                                                             clock=clock)})
+            rt, policy = b.bench_runtime(store, state)
             at = [b.NOW + b.TICK]
             roll_up_costs(rt, at[0], skip_fresh=True)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
 
-from orchestrator.costs.attribution import billed_micros, micros, rate, usd_micros
+from orchestrator.costs.attribution import billed_micros, rate, usd_micros
 from orchestrator.costs.ledger import DEFAULT_BILLING
 from orchestrator.domain.costs import NO_PROJECT
 from orchestrator.domain.snapshot import BudgetSpend
@@ -108,21 +108,10 @@ class WindowSpend:
         key = (since, until)
         if key not in self._accrued:
             groups: dict[tuple[str, str | None], int] = {}
-            # As _accrued_micros of each group's node, in whole microseconds (the datetimes'
-            # differences are exact microseconds too, so every amount is the same integer).
-            now_us = self._now_us
-            since_us, stop_us = epoch_us(since), min(epoch_us(until), now_us)
+            groups: dict[tuple[str, str | None], int] = {}
+            since_us, stop_us = epoch_us(since), min(epoch_us(until), self._now_us)
             for pool, project, price, launched, ended, covered, count in self._groups:
-                end = stop_us if ended is None or ended > stop_us else ended
-                start = launched if covered is None else covered
-                if start < since_us:
-                    start = since_us
-                if end <= start:
-                    continue
-                span = end - start
-                if covered is None and start == launched:
-                    span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum
-                micros_ = usd_micros(rate(price), span)
+                micros_ = _accrued_us(price, launched, ended, covered, since_us, stop_us)
                 if micros_:
                     group = (pool, project)
                     groups[group] = groups.get(group, 0) + micros_ * count
@@ -179,14 +168,25 @@ def _lines_of(lines: Mapping[tuple[str | None, str | None], int], pool: str | No
 
 def _accrued_micros(node: AccrualNode, since: datetime, until: datetime, now: datetime) -> int:
     """What ``node`` cost in the window past where its lines reach (up to ``now``)."""
-    end = min(node.ended or now, now, until)
-    start = max(node.covered_through or node.launched, since)
+    return _accrued_us(node.price_usd_hour, epoch_us(node.launched),
+                       None if node.ended is None else epoch_us(node.ended),
+                       None if node.covered_through is None else epoch_us(node.covered_through),
+                       epoch_us(since), min(epoch_us(until), epoch_us(now)))
+
+
+def _accrued_us(price: float, launched_us: int, ended_us: int | None, covered_us: int | None,
+                since_us: int, stop_us: int) -> int:
+    """Micro-dollars a node accrued in [since_us, stop_us) past where its lines reach
+    (``covered_us``; None: from its launch, billed at least the provider's minimum), all in
+    whole microseconds since the epoch: exact, as the datetimes' differences are."""
+    end = stop_us if ended_us is None or ended_us > stop_us else ended_us
+    start = max(launched_us if covered_us is None else covered_us, since_us)
     if end <= start:
         return 0
-    span = micros(start, end)
-    if node.covered_through is None and start == node.launched:
+    span = end - start
+    if covered_us is None and start == launched_us:
         span = billed_micros(DEFAULT_BILLING, span)  # never rolled up: its minimum too
-    return usd_micros(rate(node.price_usd_hour), span)
+    return usd_micros(rate(price), span)
 
 
 def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | None = None

@@ -17,10 +17,12 @@ from typing import Any
 import sqlalchemy as sa
 
 
-def driver_rows(conn: sa.Connection, query: sa.Select[Any]) -> list[tuple[Any, ...]]:
+def driver_rows(conn: sa.Connection, query: sa.Select[Any] | str) -> list[tuple[Any, ...]]:
     """Every row of ``query`` as the driver returns it (SQLite: times as naive UTC text;
-    PostgreSQL: aware datetimes), inside ``conn``'s transaction."""
-    sql = str(query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    PostgreSQL: aware datetimes), inside ``conn``'s transaction. ``query`` as text: SQL both
+    dialects read alike, written once by the caller (no compile per call on a hot read)."""
+    sql = query if isinstance(query, str) else str(
+        query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
     cursor = conn.connection.cursor()  # the DBAPI cursor, in this transaction
     try:
         cursor.execute(sql)

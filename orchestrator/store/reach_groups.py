@@ -43,7 +43,7 @@ from sqlalchemy.dialects import sqlite
 
 from orchestrator.store import tables as T
 from orchestrator.store.keysets import among
-from orchestrator.store.rawread import driver_rows_bound
+from orchestrator.store.rawread import driver_rows, driver_rows_bound
 
 # The group of a reach row: pool, project, price, start_us, billed, ended_us, live.
 Group = tuple[str, str | None, float, int | None, bool, int | None, bool]
@@ -225,15 +225,10 @@ def kept(conn: Connection) -> Counter[Group]:
 def read(conn: Connection) -> list[tuple[Any, ...]]:
     """Every group row as the driver gives it (``GROUP_COLUMNS`` then the node count): the
     budgets' one read."""
-    cursor = conn.connection.cursor()  # the DBAPI cursor, in this transaction
-    try:
-        cursor.execute(_READ)
-        return cursor.fetchall()
-    finally:
-        cursor.close()
+    return driver_rows(conn, _READ)
 
 
-_READ = f"SELECT {', '.join(GROUP_COLUMNS)}, nodes FROM ledger_reach_groups"
+_READ = f"SELECT {', '.join(GROUP_COLUMNS)}, nodes FROM ledger_reach_groups"  # (no binds)
 
 
 __all__ = ["GROUP_COLUMNS", "Group", "begin", "changing", "counts", "derive", "discard", "flush",
