@@ -406,8 +406,9 @@ def measure_budgets(store: Store, policy: object, args: argparse.Namespace) -> N
 
     floor_med, _ = cpu(floor, max(args.repeat, 5))
     spent = sum(s.spent_usd for s in statuses if s.project is None)
+    groups = len(store.budget_groups()[0])  # nodes that accrue alike, counted as one
     print(f"  budget_statuses, {len(statuses)} budgets, {len(rows):,} launched nodes "
-          f"unrolled   {med * 1000:6.1f} ms CPU (min {low * 1000:.1f}); floor: SELECT of the "
+          f"unrolled in {groups:,} groups   {med * 1000:6.1f} ms CPU (min {low * 1000:.1f}); floor: SELECT of the "
           f"live nodes' rows {floor_med * 1000:.1f} ms ({med / floor_med:.2f}x); "
           f"pool spend ${spent:,.2f}")
 
