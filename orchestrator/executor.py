@@ -50,7 +50,7 @@ from orchestrator.fabric.bootstrap import DEFAULT_CONTROLLER_LEASE_S, Bootstrap,
 from orchestrator.fabric.tokens import JoinTokens
 from orchestrator.groups import launch_group, launch_recorded_group
 from orchestrator.instruments import LEAKED_COLLECTED
-from orchestrator.lifecycle import NodeEvent, transition
+from orchestrator.lifecycle import CAS_RETRIES, NodeEvent, transition
 from orchestrator.logs import log_context
 from orchestrator.policy.models import Policy
 from orchestrator.policy.tags import cost_tags
@@ -337,56 +337,76 @@ class Executor:
 
     # -- drain -----------------------------------------------------------------------------------
     def _drain(self, action: Drain, report: ExecutionReport) -> None:
-        node = self.store.get_node(action.node_id)
-        if node is None or node.state is not NodeState.READY:
-            return  # already draining or gone: nothing to do twice
-        draining = replace(node, drain_deadline=action.deadline)
-        new, event = transition(draining, NodeState.DRAINING, at=self.clock.now(),
-                                reason=str(action.reason), deadline=action.deadline.isoformat(),
-                                decision=action.decision_id)
-        if self.store.save_transition(node, new, event):
-            self.fabric.request_release(new, action.deadline)
-            report.drained.append(node.id)
+        # A lost compare-and-set is retried on the node as it is now: an agent's heartbeat or a
+        # usage update bumps the version without changing the state, and must not make the
+        # drain vanish (a Celery delivery would answer "not drained" and nobody would retry).
+        for _ in range(CAS_RETRIES):
+            node = self.store.get_node(action.node_id)
+            if node is None or node.state is not NodeState.READY:
+                return  # already draining or gone: nothing to do twice
+            draining = replace(node, drain_deadline=action.deadline)
+            new, event = transition(draining, NodeState.DRAINING, at=self.clock.now(),
+                                    reason=str(action.reason), deadline=action.deadline.isoformat(),
+                                    decision=action.decision_id)
+            if self.store.save_transition(node, new, event):
+                self.fabric.request_release(new, action.deadline)
+                report.drained.append(node.id)
+                return
+        log.warning("node %s: drain not recorded: the node kept changing under %d attempts",
+                    action.node_id, CAS_RETRIES)
 
     # -- terminate -------------------------------------------------------------------------------
     def _terminate(self, action: Terminate, report: ExecutionReport) -> None:
         if action.node_id is None:
             self._terminate_unrecorded(action, report)
             return
+        # As for a drain: a compare-and-set lost to a heartbeat is tried again on the node as it
+        # is now; one lost to another delivery finds the node terminating and stops there.
+        for _ in range(CAS_RETRIES):
+            if self._terminate_recorded(action, report):
+                return
+        log.warning("node %s: terminate not recorded: the node kept changing under %d attempts",
+                    action.node_id, CAS_RETRIES)
+
+    def _terminate_recorded(self, action: Terminate, report: ExecutionReport) -> bool:
+        """One attempt at a recorded node's terminate. False: a compare-and-set was lost (the
+        node changed since it was read), and nothing after it was done."""
+        assert action.node_id is not None
         node = self.store.get_node(action.node_id)
         if node is None or node.state is NodeState.TERMINATED:
-            return
+            return True
         now = self.clock.now()
         if node.state is NodeState.REQUESTED:
             # Never launched as far as we know; fail it so the reconciler can adopt or close it.
             new, event = transition(node, NodeState.FAILED, at=now, reason=str(action.reason))
-            self.store.save_transition(node, new, event)
-            return
+            return self.store.save_transition(node, new, event)
         if action.reason in FAILURE_REASONS and node.state is not NodeState.FAILED:
             failed, event = transition(node, NodeState.FAILED, at=now, reason=str(action.reason))
             if not self.store.save_transition(node, failed, event):
-                return
+                return False
             node = failed
         if node.state is NodeState.TERMINATING:
-            return
+            return True
         if node.instance_id is None:
             new, event = transition(node, NodeState.TERMINATED, at=now, reason="no instance to terminate")
-            self.store.save_transition(node, new, event)
+            if not self.store.save_transition(node, new, event):
+                return False
             self.fabric.node_gone(new, now)
-            return
+            return True
         new, event = transition(node, NodeState.TERMINATING, at=now, reason=str(action.reason),
                                 decision=action.decision_id)
         if not self.store.save_transition(node, new, event):
-            return
+            return False
         requeued = self.fabric.node_gone(new, now)
         if requeued:
             log.info("node %s: %d job(s) handed back to the queue", node.id, requeued)
         provider = self.providers.get(node.provider)
         if provider is None:
             report.errors.append(f"{node.id}: provider {node.provider} not configured")
-            return
+            return True
         provider.terminate([node.instance_id])
         report.terminated.append(node.id)
+        return True
 
     def _terminate_unrecorded(self, action: Terminate, report: ExecutionReport) -> None:
         provider = self.providers.get(action.provider or "")

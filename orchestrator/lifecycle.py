@@ -18,6 +18,10 @@ from orchestrator.domain.plan import ActionReason
 from orchestrator.policy.models import Policy
 
 S = NodeState
+# How many times a writer re-reads a node and tries its compare-and-set again when the node
+# changed under it (``Store.save_transition`` / ``update_node`` compare versions, and heartbeats
+# and usage updates bump the version without changing the state).
+CAS_RETRIES = 8
 
 TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     S.REQUESTED: frozenset({

@@ -25,13 +25,12 @@ from orchestrator.domain.utilisation import GpuUse, node_reading
 from orchestrator.fabric.slurm import FabricJoinError
 from orchestrator.fabric.tokens import new_credential, token_hash
 from orchestrator.sources.slurm_cli import SlurmError
-from orchestrator.lifecycle import transition
+from orchestrator.lifecycle import CAS_RETRIES, transition
 from orchestrator.policy.bounds import MAX_GPUS_PER_NODE
 from orchestrator.policy.models import UtilisationRules
 from orchestrator.policy.timefmt import TimeFormatError, parse_aware
 from orchestrator.wiring import Runtime
 
-_CAS_RETRIES = 8
 log = logging.getLogger(__name__)
 
 
@@ -119,7 +118,7 @@ class FinishIn(BaseModel):
 def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
              details: dict | None = None, **changes) -> Node | None:
     """Move a node to ``to`` with field changes, retrying compare-and-set conflicts."""
-    for _ in range(_CAS_RETRIES):
+    for _ in range(CAS_RETRIES):
         node = runtime.store.get_node(node_id)
         if node is None:
             return None
@@ -134,7 +133,7 @@ def _advance(runtime: Runtime, node_id: str, to: NodeState, reason: str,
 
 
 def _touch(runtime: Runtime, node_id: str, **changes) -> Node | None:
-    for _ in range(_CAS_RETRIES):
+    for _ in range(CAS_RETRIES):
         node = runtime.store.get_node(node_id)
         if node is None:
             return None

@@ -291,6 +291,52 @@ def test_failure_reason_passes_through_failed(rig: Rig) -> None:
     assert rig.transitions("n1")[-2:] == [("launching", "failed"), ("failed", "terminating")]
 
 
+def heartbeats_after_reads(rig: Rig, monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """An agent's heartbeat lands just after each of the executor's next ``times`` reads of a
+    node: the stored version moves on, the state does not (as under a live agent)."""
+    beats: list[int] = []
+    read = rig.store.get_node
+
+    def get_node(node_id: str):
+        node = read(node_id)
+        if node is not None and len(beats) < times:
+            assert rig.store.update_node(node, last_heartbeat=rig.now) is not None
+            beats.append(node.version)
+        return node
+
+    monkeypatch.setattr(rig.store, "get_node", get_node)
+    return beats
+
+
+@pytest.mark.parametrize("beats", [1, 3])
+def test_a_heartbeat_between_read_and_write_does_not_lose_a_drain_or_a_terminate(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, beats: int) -> None:
+    # The Celery duplicate-delivery run found a terminate that answered "not terminated" and
+    # was never retried: its compare-and-set had lost to the draining node's heartbeat.
+    node = ready_node(rig)
+    seen = heartbeats_after_reads(rig, monkeypatch, beats)
+    report = rig.executor.run([Drain("n1", ActionReason.IDLE, rig.now + timedelta(minutes=15))])
+    assert len(seen) == beats and report.drained == ["n1"] and rig.node("n1").state is S.DRAINING
+
+    seen = heartbeats_after_reads(rig, monkeypatch, beats)
+    report = rig.executor.run([Terminate("n1", ActionReason.DRAINED)])
+    assert len(seen) == beats and report.terminated == ["n1"] and not report.errors
+    assert rig.node("n1").state is S.TERMINATING
+    assert rig.provider.calls_of("terminate") == [[node.instance_id]]
+    # one event per edge: the lost attempts wrote nothing
+    assert rig.transitions("n1")[-2:] == [("ready", "draining"), ("draining", "terminating")]
+
+
+def test_a_node_that_never_stops_changing_is_left_as_it_was(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    ready_node(rig)
+    heartbeats_after_reads(rig, monkeypatch, 1000)
+    report = rig.executor.run([Terminate("n1", ActionReason.DRAINED)])
+    assert report.terminated == [] and rig.provider.calls_of("terminate") == []
+    assert rig.node("n1").state is S.READY
+    assert "terminate not recorded" in caplog.text
+
+
 # -- crash safety --------------------------------------------------------------------------------
 
 def assert_one_instance_per_node(rig: Rig) -> None:
