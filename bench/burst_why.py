@@ -28,7 +28,8 @@ reservations of the jobs ahead of it in the queue, which displacement may move).
 ``--lateness``, the running-only cases are also bucketed by how far past its bound the space of
 the running jobs starts it. A last line gives the on-prem GPU-hours left free while jobs ran on
 burst nodes (whole free nodes, and free GPUs of partly used ones): what bringing a burst job home
-could at most reclaim.
+could at most reclaim. Two more say where displacement's jobs ran in the end: the jobs it burst,
+and the jobs it burst them for (on burst all the same: both costs paid).
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ def main() -> None:
     sim = as_simulated(policy, sizing)
     displace, split = wait_nodes._displace, wait.split_on_nodes
     tried: dict[str, str] = {}
+    displaced_ids: set[str] = set()  # jobs displacement burst, and the jobs it burst them for
+    displaced_for: set[str] = set()
     seen: dict[str, list[str]] = {}
 
     def displace_seen(builder, held, job, deadline, cost, config, horizon, cloud_cost):
         moved = displace(builder, held, job, deadline, cost, config, horizon, cloud_cost)
+        if moved is not None:
+            for h in moved[0]:
+                displaced_ids.add(h.job.id)
+            displaced_for.add(job.id)
         if job.id not in tried:
             space = builder.fresh([h for h in held if not h.movable])
             found = space.earliest(job.gpus, wait_nodes._length(job))
@@ -161,6 +168,16 @@ def main() -> None:
         print(f"{cls:<14} {row}")
     print(f"on-prem GPU-hours free while jobs ran on burst nodes: {idle['whole'] / 3600:,.0f} on "
           f"whole free nodes, {idle['part'] / 3600:,.0f} on partly used ones")
+    # Where displacement's jobs ran in the end: a job displaced for, that ran on burst all the
+    # same, makes both its cloud cost and the displaced jobs' a loss.
+    fates: dict[str, Counter] = {"displaced": Counter(), "displaced for": Counter()}
+    for job in engine.world.jobs:
+        for name, ids in (("displaced", displaced_ids), ("displaced for", displaced_for)):
+            if job.domain.id in ids:
+                fates[name][f"{job.where} jobs"] += 1
+                fates[name][f"{job.where} GPU-h"] += job.gpus * job.trace.duration_s / 3600.0
+    for name, fate in fates.items():
+        print(f"{name + ':':<14} " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(fate.items())))
     print("burst GPU-hours of the jobs late when first seen, by what held them past their bound")
     for cls in sorted(held):
         row = ", ".join(f"{k} {v:,.0f}" for k, v in held[cls].most_common())
