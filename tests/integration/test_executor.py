@@ -7,6 +7,7 @@ the reconciler and a re-delivered action, ends with exactly one instance per nod
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -329,6 +330,8 @@ def test_a_heartbeat_between_read_and_write_does_not_lose_a_drain_or_a_terminate
 
 def test_a_node_that_never_stops_changing_is_left_as_it_was(
         rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # An earlier test may have set the root logger above WARNING (a CLI run's setup_logging).
+    caplog.set_level(logging.WARNING, logger="orchestrator.executor")
     ready_node(rig)
     heartbeats_after_reads(rig, monkeypatch, 1000)
     report = rig.executor.run([Terminate("n1", ActionReason.DRAINED)])
