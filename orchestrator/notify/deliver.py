@@ -26,6 +26,12 @@ from orchestrator.store.notices import Notice, NoticeState
 
 log = logging.getLogger(__name__)
 
+# httpx logs every request's whole URL at INFO and httpcore its host and port at DEBUG: a
+# webhook's URL is its secret (Slack's carries the token in its path), so at any level burst
+# runs at (`--log-level info` or `debug`) neither library may log below WARNING.
+for _library in ("httpx", "httpcore"):
+    logging.getLogger(_library).setLevel(logging.WARNING)
+
 
 class DeliveryFailed(Exception):
     """One attempt failed (worth retrying)."""

@@ -8,6 +8,7 @@ retries, and the Celery task's retries with backoff.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,9 @@ def wait_until(condition, timeout: float = 60.0) -> None:
 def test_budget_notifications_are_sent_once_with_both_bodies(
         store: Store, receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
+    # Every level captured, whatever an earlier test left the root at: the check below that no
+    # log line holds the URL must see the lines.
+    caplog.set_level(logging.DEBUG)
     hook_file = tmp_path / "slack-url"
     hook_file.write_text(receiver.url("/ok/slack") + "\n")
     monkeypatch.setenv("BURST_TEST_HOOK", receiver.url("/ok/json"))
