@@ -1,0 +1,149 @@
+"""The tick's nodes read once (``Store.tick_nodes``), the runs a tick's roll-up reads in one
+query (``Store.runs_moved_after``), and the snapshot's Nodes kept while their rows and usage are
+unchanged (``orchestrator.kept``), on both databases: each gives what the reads it replaces gave,
+and a node whose row or usage changed is made again, never reused stale."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from orchestrator.costs.ledger import SETTLE, _clock_only_test, roll_up
+from orchestrator.domain import NodeState
+from orchestrator.domain.nodes import Node
+from orchestrator.observe import Observer
+from orchestrator.sources.builtin import NodeUsage
+from orchestrator.store import Store
+from orchestrator.store.ticknodes import NODE_FIELDS, node_values
+from tests.builders import T0
+from tests.integration.test_ledger import H, M, launch, onprem_policy, run_job, step, terminate
+
+S = NodeState
+POLICIES = [onprem_policy(), onprem_policy(name="other", pool="other")]
+
+
+def _site(store: Store) -> None:
+    """Live nodes of two policies (ready, launching, only requested), a node terminated whose
+    ledger is not final yet (a roll-up candidate, not live) and one whose ledger is (neither)."""
+    launch(store, "a", T0 - 3 * H)
+    launch(store, "b", T0 - 2 * H, policy="other", pool="other")
+    launch(store, "c", T0 - 2 * H)
+    launch(store, "d", T0 - 5 * H, price=3.5)
+    launch(store, "e", T0 - 30 * M)  # stays launching
+    for node in ("a", "b"):
+        for state in (S.BOOTING, S.JOINING, S.READY):
+            step(store, node, state, T0 - H)
+    terminate(store, "d", T0 - 4 * H)
+    run_job(store, "vision", 2, T0 - 2 * H, T0 - 90 * M, node_id="a")
+    run_job(store, "nlp", 4, T0 - 50 * M, None, node_id="a")
+    run_job(store, "nlp", 8, T0 - 40 * M, None, node_id="b")
+    roll_up(store, POLICIES, T0)  # d's ledger final through its end
+    terminate(store, "c", T0 + M)  # c's is not
+
+
+def test_the_tick_nodes_are_the_live_nodes_and_the_roll_up_candidates(store: Store) -> None:
+    _site(store)
+    tick = store.tick_nodes()
+    live = [node_values(r) for r in tick.live()]
+    assert live == store.node_fields()
+    assert [Node(*v) for v in live] == store.nodes()
+    assert [v[0] for v in live] == ["a", "b", "e"]  # by creation; not c, nor d
+    assert store.live_node_rows() == [r[:len(NODE_FIELDS)] for r in tick.live()]
+    # the roll-up's candidates: c too (terminated, not final), not d (final through its end)
+    assert store.ledger_candidates(nodes=tick) == store.ledger_candidates()
+    assert [n.node_id for n in store.ledger_candidates(nodes=tick)] == ["a", "b", "c", "e"]
+    assert (store.ledger_candidates({"other"}, nodes=tick)
+            == store.ledger_candidates({"other"}) != [])
+    for now in (T0 + 2 * M, T0 + H + SETTLE + 2 * M):
+        fresh = _clock_only_test(now, SETTLE, {})
+        assert (store.ledger_candidates(None, fresh, nodes=tick)
+                == store.ledger_candidates(None, fresh))
+
+
+def test_a_roll_up_on_the_tick_nodes_writes_what_one_reading_its_own_does(
+        store: Store) -> None:
+    _site(store)
+    now = T0 + 2 * H
+    rolled = roll_up(store, POLICIES, now, nodes=store.tick_nodes())
+    assert rolled.nodes >= 1 and rolled.lines_written >= 1
+    # a second roll-up, reading its own candidates, finds nothing left to write
+    again = roll_up(store, POLICIES, now)
+    assert (again.lines_written, again.lines_deleted) == (0, 0)
+
+
+def test_the_runs_moved_after_a_time_are_the_runs_of_each_node_read_by_id(store: Store) -> None:
+    _site(store)
+    run_job(store, "vision", 1, T0 - 4 * H, T0 - 3 * H, node_id="a")  # ended before `since`
+    since = T0 - 80 * M
+    by_id = store.burst_job_usages(["a", "b", "c"], since)  # one IN (...) list
+    assert sorted(by_id) == ["a", "b"] and len(by_id["a"]) == 1  # the open run only
+    # past 500 ids, one query of the runs that moved after `since`, kept for the ids asked
+    many = ["a", "b", "c"] + [f"x{i:04d}" for i in range(600)]
+    assert store.burst_job_usages(many, since) == by_id
+    assert store.burst_job_usages(["b"] + many[3:], since) == {"b": by_id["b"]}
+    moved = store.runs_moved_after(since)
+    assert {k: v for k, v in moved.items() if k in {"a", "b", "c"}} == by_id
+    assert store.runs_moved_after(T0 - 5 * H)["a"] == store.burst_job_usages(["a"], T0 - 5 * H)["a"]
+
+
+class _Queue:
+    """A queue source whose node usage the test sets."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, NodeUsage] = {}
+
+    def observe(self, now, **_: object) -> dict:  # noqa: ANN001
+        return {}
+
+    def node_usage(self, node_ids: list[str], **_: object) -> dict[str, NodeUsage]:
+        return {n: self.usage[n] for n in node_ids if n in self.usage}
+
+
+def _nodes(observer: Observer, store: Store, shared: bool = True) -> dict[str, Node]:
+    nodes = store.tick_nodes() if shared else None
+    return {n.id: n for n in observer.snapshot(T0 + H, nodes=nodes).nodes}
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["tick-nodes", "own-read"])
+def test_a_snapshot_reuses_the_nodes_whose_row_and_usage_did_not_change(store: Store,
+                                                                        shared: bool) -> None:
+    _site(store)
+    queue = _Queue()
+    queue.usage = {"a": NodeUsage(2, 1, None), "b": NodeUsage(0, 0, T0 - 20 * M)}
+    observer = Observer(store, queue, {})
+
+    def fresh() -> dict[str, Node]:  # what an observer keeping nothing makes
+        return _nodes(Observer(store, queue, {}), store, shared)
+
+    first = _nodes(observer, store, shared)
+    assert first == fresh() and sorted(first) == ["a", "b", "e"]
+    assert first["a"].gpus_busy == 2 and first["b"].idle_since == T0 - 20 * M
+    second = _nodes(observer, store, shared)
+    assert all(second[k] is first[k] for k in first)  # nothing changed: the same objects
+
+    # a's row changes (a heartbeat: a new version), b's usage changes, e is left alone
+    a = store.get_node("a")
+    assert store.update_node(a, last_heartbeat=T0 + 30 * M) is not None
+    queue.usage["b"] = NodeUsage(8, 1, T0 - 20 * M)
+    third = _nodes(observer, store, shared)
+    assert third == fresh()
+    assert third["a"] is not first["a"] and third["a"].last_heartbeat == T0 + 30 * M
+    assert third["a"].gpus_busy == 2  # its usage folded in again
+    assert third["b"] is not first["b"] and (third["b"].gpus_busy, third["b"].idle_since) == (8, None)
+    assert third["e"] is first["e"]
+
+    # a state change: b drains; the same usage as before
+    step(store, "b", S.DRAINING, T0 + 40 * M)
+    fourth = _nodes(observer, store, shared)
+    assert fourth == fresh() and fourth["b"].state is S.DRAINING and fourth["b"] is not third["b"]
+    assert fourth["a"] is third["a"] and fourth["e"] is first["e"]
+
+    # usage back to what it was two snapshots ago: made again, not the older object
+    queue.usage["a"] = NodeUsage(0, 0, T0 + 50 * M)
+    fifth = _nodes(observer, store, shared)
+    assert fifth == fresh() and fifth["a"].idle_since == T0 + 50 * M
+
+    # a node that ends leaves the snapshot
+    terminate(store, "e", T0 + 55 * M)
+    assert sorted(_nodes(observer, store, shared)) == ["a", "b"]
