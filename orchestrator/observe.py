@@ -143,7 +143,8 @@ class Observer:
             memory=self.store.load_memory(),
             paused_pools=paused,
             prewarm=prewarm,
-            budget_spend=self.budget_spend(now, self.policies if policies is None else policies),
+            budget_spend=self.budget_spend(now, self.policies if policies is None else policies,
+                                           nodes),
             burst_runs=runs(**shared) if runs is not None else (),
             offering_health=self.offering_health(now) if self.learns else {},
             boot_estimates=self.boot_estimates(now) if self.learns_boot else {},
@@ -217,7 +218,13 @@ class Observer:
                 learner.started(node.offering_key, node.id, node.created_at.timestamp() / 3600.0)
         return learner.snapshot(sorted(keys), now.timestamp() / 3600.0)
 
-    def budget_spend(self, now: datetime, policies: Iterable[Policy]) -> dict[str, BudgetSpend]:
+    def budget_spend(self, now: datetime, policies: Iterable[Policy],
+                     nodes: TickNodes | None = None) -> dict[str, BudgetSpend]:
         """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger
-        (:func:`orchestrator.costs.spend.budget_spend`: a failure to read it is not hidden)."""
-        return budget_spend(self.store, policies, now)
+        (:func:`orchestrator.costs.spend.budget_spend`: a failure to read it is not hidden);
+        the live nodes' prices (burn rates) from ``nodes``, the tick's read, where given."""
+        policies = list(policies)
+        prices = None
+        if nodes is not None and any(p.budgets for p in policies):
+            prices = nodes.live_prices_by_group()
+        return budget_spend(self.store, policies, now, prices)

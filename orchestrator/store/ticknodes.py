@@ -44,7 +44,8 @@ _BOOL_AT = tuple(i for i, name in enumerate(NODE_FIELDS)
                  if isinstance(T.nodes.c[name].type, sa.Boolean))
 _LAUNCHED_FOR_AT = NODE_FIELDS.index("launched_for")
 _TERMINATED = NodeState.TERMINATED.value
-_POLICY_AT = NODE_FIELDS.index("policy")
+_POLICY_AT, _POOL_AT, _PROJECT_AT, _PRICE_AT = (
+    NODE_FIELDS.index(name) for name in ("policy", "pool", "project", "price_usd_hour"))
 
 
 def launched_for(raw: Any) -> tuple[str, ...]:
@@ -88,6 +89,16 @@ class TickNodes:
         """The rows of the nodes not terminated (what ``Store.node_fields()`` reads), in order."""
         state = _STATE_AT
         return [r for r in self.rows if r[state] != _TERMINATED]
+
+    def live_prices_by_group(self) -> dict[tuple[str, str | None], list[float]]:
+        """Hourly prices of the nodes not yet terminated per (pool, project launched for), as
+        :meth:`Ledger.live_node_prices_by_group` reads them (budgets' burn rates)."""
+        out: dict[tuple[str, str | None], list[float]] = {}
+        state, pool, project, price = _STATE_AT, _POOL_AT, _PROJECT_AT, _PRICE_AT
+        for r in self.rows:
+            if r[state] != _TERMINATED:
+                out.setdefault((r[pool], r[project]), []).append(float(r[price]))
+        return out
 
     def candidates(self, policies: Any = None) -> list[tuple[Any, ...]]:
         """The roll-up's candidate rows (:meth:`Ledger.ledger_candidates`), of ``policies``

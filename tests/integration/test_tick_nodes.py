@@ -10,13 +10,14 @@ from datetime import timedelta
 import pytest
 
 from orchestrator.costs.ledger import SETTLE, _clock_only_test, roll_up
+from orchestrator.costs.spend import budget_spend
 from orchestrator.domain import NodeState
 from orchestrator.domain.nodes import Node
 from orchestrator.observe import Observer
 from orchestrator.sources.builtin import NodeUsage
 from orchestrator.store import Store
 from orchestrator.store.ticknodes import NODE_FIELDS, node_values
-from tests.builders import T0
+from tests.builders import T0, make_policy
 from tests.integration.test_ledger import H, M, launch, onprem_policy, run_job, step, terminate
 
 S = NodeState
@@ -55,6 +56,16 @@ def test_the_tick_nodes_are_the_live_nodes_and_the_roll_up_candidates(store: Sto
     assert [n.node_id for n in store.ledger_candidates(nodes=tick)] == ["a", "b", "c", "e"]
     assert (store.ledger_candidates({"other"}, nodes=tick)
             == store.ledger_candidates({"other"}) != [])
+    # budgets' burn rates: the live nodes' prices per (pool, project)
+    prices = tick.live_prices_by_group()
+    assert ({k: sorted(v) for k, v in prices.items()}
+            == {k: sorted(v) for k, v in store.live_node_prices_by_group().items()})
+    assert sum(len(v) for v in prices.values()) == 3
+    policies = [make_policy(name=p.name, pool=p.pool.model_dump(),
+                            budgets=[{"name": "all", "limit_usd": 1000}])
+                for p in POLICIES]
+    assert (budget_spend(store, policies, T0, prices) == budget_spend(store, policies, T0)
+            != {})
     for now in (T0 + 2 * M, T0 + H + SETTLE + 2 * M):
         fresh = _clock_only_test(now, SETTLE, {})
         assert (store.ledger_candidates(None, fresh, nodes=tick)
