@@ -40,7 +40,7 @@ class Kept(Generic[V]):
         """The value kept for ``key`` if it was made from a source equal to ``source`` (then kept
         for the next round too); None otherwise."""
         hit = self._last.get(key)
-        if hit is None or hit[0] != source:
+        if hit is None or (hit[0] is not source and hit[0] != source):
             return None
         self._this[key] = hit
         return hit[1]

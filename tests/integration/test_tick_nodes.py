@@ -1,7 +1,8 @@
 """The tick's nodes read once (``Store.tick_nodes``), the runs a tick's roll-up reads in one
-query (``Store.runs_moved_after``), and the snapshot's Nodes kept while their rows and usage are
-unchanged (``orchestrator.kept``), on both databases: each gives what the reads it replaces gave,
-and a node whose row or usage changed is made again, never reused stale."""
+query (``Store.runs_moved_after``), and what a tick makes of rows that did not change kept from
+the last tick (``orchestrator.kept``: the snapshot's Nodes, the running jobs and their burst
+runs), on both databases: each gives what the reads it replaces gave, and a node or a job whose
+row (or usage) changed is made again, never reused stale."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from orchestrator.costs.spend import budget_spend
 from orchestrator.domain import NodeState
 from orchestrator.domain.nodes import Node
 from orchestrator.observe import Observer
-from orchestrator.sources.builtin import NodeUsage
+from orchestrator.domain.jobs import JobState
+from orchestrator.sources.builtin import BuiltinQueue, NodeUsage
 from orchestrator.store import Store
 from orchestrator.store.ticknodes import NODE_FIELDS, node_values
 from tests.builders import T0, make_policy
@@ -158,3 +160,46 @@ def test_a_snapshot_reuses_the_nodes_whose_row_and_usage_did_not_change(store: S
     # a node that ends leaves the snapshot
     terminate(store, "e", T0 + 55 * M)
     assert sorted(_nodes(observer, store, shared)) == ["a", "b"]
+
+
+def test_running_jobs_and_their_burst_runs_are_kept_while_their_rows_are_unchanged(
+        store: Store, store_url: str) -> None:
+    _site(store)
+    on_b = run_job(store, "vision", 1, T0 - 30 * M, None, node_id="b")
+    moved = run_job(store, "vision", 2, T0 - 20 * M, None, node_id="a")
+    queue = BuiltinQueue(store, POLICIES)
+
+    def fresh() -> tuple[list, tuple]:  # as a store and a queue keeping nothing read them
+        other = Store(store_url)
+        try:
+            read = other.queue_read(T0)
+            return read.running, BuiltinQueue(other, POLICIES).burst_runs(read)
+        finally:
+            other.close()
+
+    first = store.queue_read(T0)
+    first_runs = queue.burst_runs(first)
+    assert (first.running, first_runs) == fresh() and len(first_runs) == 4
+    second = store.queue_read(T0)
+    assert all(x is y for x, y in zip(first.running, second.running, strict=True))
+    assert all(x is y for x, y in zip(first_runs, queue.burst_runs(second), strict=True))
+
+    # one job finishes, one is handed back and starts again on another node, one starts
+    job = store.get_job(on_b)
+    assert store.finish_job(job, state=JobState.DONE, exit_code=0, at=T0) is not None
+    job = store.requeue_job(store.get_job(moved), T0)
+    assert store.start_job(job, placement="burst", node_id="b", at=T0 + M) is not None
+    started = run_job(store, "nlp", 1, T0 + 2 * M, None, node_id="a")
+    third = store.queue_read(T0 + 3 * M)
+    third_runs = queue.burst_runs(third)
+    assert (third.running, third_runs) == fresh()
+    by_id = {j.id: j for j in first.running}
+    for j in third.running:
+        if j.id in (moved, started):
+            assert j is not by_id.get(j.id) and j.node_id in ("a", "b")
+        else:
+            assert j is by_id[j.id]
+    assert on_b not in {j.id for j in third.running}
+    runs = {r.job_id: r for r in first_runs}
+    assert [r.node_id for r in third_runs if r.job_id == moved] == ["b"]
+    assert all((r is runs.get(r.job_id)) == (r.job_id not in (moved, started)) for r in third_runs)
