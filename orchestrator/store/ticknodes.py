@@ -13,6 +13,9 @@ snapshot its live nodes; nothing between the two in a pass writes a node row.
 The rows stay the driver's: a reader converts only the rows it needs (:func:`node_values`, what
 :meth:`Store.node_fields` gives per row), and one that keeps what it made from a row last tick
 (:mod:`orchestrator.kept`) compares the raw rows, so an unchanged node is not converted again.
+On PostgreSQL the times (the nodes' and the mark) come as whole microseconds since the epoch
+(:func:`~orchestrator.store.rawread.epoch_us_column`): psycopg made six aware datetimes a row,
+27 against 15 ms of CPU for 10,000 nodes, and every reader converts them with ``rawread.utc``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from orchestrator.policy.models import Market
 from orchestrator.store import accrual
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase
-from orchestrator.store.rawread import driver_rows, utc
+from orchestrator.store.rawread import driver_rows, epoch_us_column, utc
 
 NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Node))
 _N = len(NODE_FIELDS)
@@ -112,12 +115,21 @@ class TickNodes:
 _SQL: dict[str, str] = {}  # dialect -> the statement, compiled once
 
 
+def _node_columns(dialect: str) -> list[sa.ColumnElement[Any]]:
+    """The nodes' columns in NODE_FIELDS order, times as :func:`rawread.epoch_us_column` reads
+    them (on PostgreSQL whole microseconds: half the driver's cost of aware datetimes)."""
+    n = T.nodes.c
+    return [epoch_us_column(n[name], dialect) if i in _TIME_AT else n[name]
+            for i, name in enumerate(NODE_FIELDS)]
+
+
 def _statement(dialect: sa.Dialect) -> str:
     sql = _SQL.get(dialect.name)
     if sql is None:
         n, m, reach = T.nodes.c, T.ledger_marks.c, accrual.ledger_reach.c
         query = (
-            sa.select(*(n[name] for name in NODE_FIELDS), m.final_through, reach.covered_us,
+            sa.select(*_node_columns(dialect.name),
+                      epoch_us_column(m.final_through, dialect.name), reach.covered_us,
                       reach.node_id, reach.launched_us, reach.ended_us)
             .select_from(T.nodes.outerjoin(T.ledger_marks, m.subject == n.id)
                          .outerjoin(accrual.ledger_reach, reach.node_id == n.id))
@@ -135,7 +147,7 @@ def _live_statement(dialect: sa.Dialect) -> str:
     sql = _SQL.get(key)
     if sql is None:
         n = T.nodes.c
-        query = (sa.select(*(n[name] for name in NODE_FIELDS)).where(n.state != _TERMINATED)
+        query = (sa.select(*_node_columns(dialect.name)).where(n.state != _TERMINATED)
                  .order_by(n.created_at, n.id))
         sql = _SQL[key] = str(query.compile(
             dialect=dialect, compile_kwargs={"literal_binds": True}))

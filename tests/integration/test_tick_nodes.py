@@ -6,7 +6,7 @@ row (or usage) changed is made again, never reused stale."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,6 +18,7 @@ from orchestrator.observe import Observer
 from orchestrator.domain.jobs import JobState
 from orchestrator.sources.builtin import BuiltinQueue, NodeUsage
 from orchestrator.store import Store
+from orchestrator.store.ledger import FreshNode
 from orchestrator.store.ticknodes import NODE_FIELDS, node_values
 from tests.builders import T0, make_policy
 from tests.integration.test_ledger import H, M, launch, onprem_policy, run_job, step, terminate
@@ -43,6 +44,18 @@ def _site(store: Store) -> None:
     run_job(store, "nlp", 8, T0 - 40 * M, None, node_id="b")
     roll_up(store, POLICIES, T0)  # d's ledger final through its end
     terminate(store, "c", T0 + M)  # c's is not
+    # times to the microsecond, one before the epoch (read as microseconds on PostgreSQL)
+    b = store.get_node("b")
+    assert store.update_node(b, last_heartbeat=T0 - timedelta(microseconds=123_457),
+                             drain_deadline=datetime(1969, 12, 31, 23, 59, 59, 999_999,
+                                                     tzinfo=UTC)) is not None
+
+
+def _same(candidates: list) -> list:
+    """Candidates as the roll-up uses them: a FreshNode's row (the driver's, whose times may be
+    datetimes or microseconds) by the LedgerNode it makes."""
+    return [(c.node_id, c.reach_us, c.since_us, Store.ledger_node(c.row))
+            if isinstance(c, FreshNode) else c for c in candidates]
 
 
 def test_the_tick_nodes_are_the_live_nodes_and_the_roll_up_candidates(store: Store) -> None:
@@ -70,8 +83,9 @@ def test_the_tick_nodes_are_the_live_nodes_and_the_roll_up_candidates(store: Sto
             != {})
     for now in (T0 + 2 * M, T0 + H + SETTLE + 2 * M):
         fresh = _clock_only_test(now, SETTLE, {})
-        assert (store.ledger_candidates(None, fresh, nodes=tick)
-                == store.ledger_candidates(None, fresh))
+        shared = store.ledger_candidates(None, fresh, nodes=tick)
+        assert _same(shared) == _same(store.ledger_candidates(None, fresh))
+        assert any(isinstance(c, FreshNode) for c in shared) == (now == T0 + 2 * M)
 
 
 def test_a_roll_up_on_the_tick_nodes_writes_what_one_reading_its_own_does(
