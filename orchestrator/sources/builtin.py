@@ -325,7 +325,8 @@ class BuiltinQueue:
         get, put = kept.get, kept.put
         out = []
         for j in running:
-            if j.placement is Placement.BURST and j.node_id is not None and j.started_at is not None:
+            if (j.placement is Placement.BURST and j.node_id is not None
+                    and j.started_at is not None):
                 run = get(j.id, j)
                 out.append(run if run is not None else put(j.id, j, BurstRun(
                     j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)))

@@ -31,8 +31,8 @@ import sqlalchemy as sa
 import numpy as np
 
 from orchestrator.domain.jobs import JobState, Placement
-from orchestrator.kept import Kept
 from orchestrator.domain.pending import PendingColumns
+from orchestrator.kept import Kept
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobqueue import job_from_row
