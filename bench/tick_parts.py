@@ -68,6 +68,7 @@ def _parts(rt, tick, label: str, args: argparse.Namespace) -> None:
             (store, "write_ledgers", "  Store.write_ledgers"),
             (observer, "snapshot", "snapshot"),
             (store, "node_fields", "  Store.node_fields (the nodes' rows)"),
+            (store, "tick_nodes", "  Store.tick_nodes (the nodes' rows, once a tick)"),
             (queue, "node_usage", "  node_usage"),
             (queue, "burst_runs", "  burst_runs (runs on burst nodes)"),
             (observer, "budget_spend", "  budget_spend"),

@@ -68,6 +68,7 @@ from orchestrator.store.accrual import epoch_us, from_us
 from orchestrator.store.base import require_aware
 from orchestrator.store.ledger import ONPREM_SUBJECT, FreshNode, FreshTest, LedgerNode
 from orchestrator.store.ledger_batch import LedgerWrite, Written
+from orchestrator.store.ticknodes import TickNodes
 
 log = logging.getLogger(__name__)
 
@@ -132,17 +133,20 @@ def onprem_rates(policies: Iterable[Policy]) -> dict[str, tuple[str, Decimal]]:
 def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now: datetime, *,
             billing: Mapping[str, BillingRule] | None = None,
             only_policies: Collection[str] | None = None,
-            settle: timedelta = SETTLE, skip_fresh: bool = False) -> RollupResult:
+            settle: timedelta = SETTLE, skip_fresh: bool = False,
+            nodes: TickNodes | None = None) -> RollupResult:
     """Bring the ledger up to ``now`` (see the module docstring). ``only_policies``: roll up only
     the nodes of these policies and the on-prem work of their pools (a policy's tick).
-    ``skip_fresh``: leave live nodes for which only the clock moved (the module docstring)."""
+    ``skip_fresh``: leave live nodes for which only the clock moved (the module docstring).
+    ``nodes``: the tick's one read of the nodes (``Store.tick_nodes``), which the candidates
+    are taken from instead of a read of their own."""
     require_aware(now, "now")
     loaded = list(policies.values() if isinstance(policies, Mapping) else policies)
     rates = onprem_rates(loaded)
     # Policies whose jobs move data (egress lines), worked out once, not once per node.
     movers = {p.name: p for p in loaded if _moves_data(p)}
     billing = billing or {}
-    nodes = pools = written = deleted = 0
+    rolled = pools = written = deleted = 0
     skipped: list[str] = []
 
     batch = _Batch(store, now)
@@ -150,7 +154,8 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
     # (FreshNode): most of them are left below, and making each a LedgerNode cost more than
     # the rest of a tick's roll-up.
     candidates = store.ledger_candidates(
-        only_policies, _clock_only_test(now, settle, billing) if skip_fresh else None)
+        only_policies, _clock_only_test(now, settle, billing) if skip_fresh else None,
+        nodes=nodes)
     launched = [n for n in candidates if isinstance(n, FreshNode) or n.launched is not None]
     usages: dict[str, list[JobUsage]] = {}
     for node in candidates:
@@ -208,10 +213,10 @@ def roll_up(store: Store, policies: Iterable[Policy] | Mapping[str, Policy], now
         if subject.startswith(ONPREM_SUBJECT):
             pools += bool(done)
         else:
-            nodes += bool(done)
+            rolled += bool(done)
         written += done.lines_written
         deleted += done.lines_deleted
-    return RollupResult(nodes, pools, written, deleted, tuple(skipped))
+    return RollupResult(rolled, pools, written, deleted, tuple(skipped))
 
 
 _HOUR_US = 3_600_000_000  # (UTC hours: the epoch is on one)

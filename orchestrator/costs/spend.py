@@ -13,6 +13,7 @@ was launched for.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -197,10 +198,13 @@ def burn_rate_usd_hour(store: Store, *, pool: str | None = None, project: str | 
     return sum((Decimal(str(p)) for p in prices), Decimal(0))
 
 
-def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
+def budget_spend(store: Store, policies: Iterable[Policy], now: datetime,
+                 prices: Mapping[tuple[str, str | None], list[float]] | None = None
                  ) -> dict[str, BudgetSpend]:
     """Spend of every budget of ``policies`` in its window at ``now``, from the cost ledger (what
     ``Snapshot.budget_spend`` carries; the built-in queue's dispatcher reads it too).
+    ``prices``: the live nodes' prices per (pool, project) as a tick read them already
+    (``TickNodes.live_prices_by_group``); else they are read here.
 
     A failure to read the ledger is not hidden: a budget without observed spend would let
     the planner launch as if nothing had been spent.
@@ -213,7 +217,7 @@ def budget_spend(store: Store, policies: Iterable[Policy], now: datetime
     # the lines of each window, and the live nodes' prices (a read per budget scanned every
     # node once per budget).
     spent_in = WindowSpend(store, now)
-    burns = burn_by_group(store.live_node_prices_by_group())
+    burns = burn_by_group(store.live_node_prices_by_group() if prices is None else prices)
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
@@ -232,7 +236,8 @@ def burn_by_group(prices: Mapping[tuple[str, str | None], list[float]]
     """USD per hour per (pool, project) of the live nodes' prices as
     ``Store.live_node_prices_by_group`` reads them (each price as :func:`burn_rate_usd_hour`
     adds it)."""
-    return {group: sum((Decimal(str(p)) for p in ps), Decimal(0))
+    # Exact whatever the order: each distinct price once, times how many nodes have it.
+    return {group: sum((Decimal(str(p)) * n for p, n in Counter(ps).items()), Decimal(0))
             for group, ps in prices.items()}
 
 

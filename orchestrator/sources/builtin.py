@@ -34,6 +34,7 @@ from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
+from orchestrator.kept import Kept
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, usd
 from orchestrator.planner.demand import Bins, ordered, scheduling_order
@@ -80,6 +81,8 @@ class BuiltinQueue:
         self.store = store
         self.pools = {p.pool.name: p for p in policies}
         self._lock = threading.Lock()
+        # The last burst_runs' BurstRuns, by job, each with the running job it was made from.
+        self._runs: Kept[BurstRun] = Kept()
 
     def writing_to(self, store: Store) -> BuiltinQueue:
         """This queue writing through ``store`` (a fenced view of its own), sharing its lock, so
@@ -315,11 +318,19 @@ class BuiltinQueue:
         """Jobs running on burst nodes now (from ``read``, or a fresh read of the running jobs):
         whose, where, since when, declared for how long."""
         running = read.running if read is not None else self.store.running_jobs()
-        return tuple(
-            BurstRun(j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)
-            for j in running
-            if j.placement is Placement.BURST and j.node_id is not None and j.started_at is not None
-        )
+        # A running job read as it was last time (the same RunningJob: Store.queue_read keeps
+        # them) has the same BurstRun: frozen, so the last one serves.
+        kept = self._runs
+        kept.round()
+        get, put = kept.get, kept.put
+        out = []
+        for j in running:
+            if (j.placement is Placement.BURST and j.node_id is not None
+                    and j.started_at is not None):
+                run = get(j.id, j)
+                out.append(run if run is not None else put(j.id, j, BurstRun(
+                    j.id, j.project, j.node_id, j.gpus, j.started_at, j.duration_s)))
+        return tuple(out)
 
     def finish(self, job_id: str, node_id: str, outcome: str, exit_code: int | None,
                now: datetime, attempt: int | None = None,

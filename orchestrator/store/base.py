@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
+from orchestrator.kept import Kept
 from orchestrator.store import migrate, reach_groups
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
 from orchestrator.store.fence import Fence
@@ -38,6 +39,9 @@ class StoreBase:
         self.read_only = read_only  # every write is refused by the database itself
         self._engine: Engine = make_engine(self._url, read_only=read_only)
         self._writer: Engine = write_engine(self._engine)
+        # Values made from rows a read finds again and again (orchestrator.kept), by what they
+        # are: shared with this store's views, which are shallow copies.
+        self._kept: dict[str, Kept[Any]] = {}
 
     @property
     def url(self) -> str:

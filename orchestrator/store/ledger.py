@@ -36,6 +36,7 @@ from orchestrator.store.accrual import AccrualNode
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobruns import run_usages
 from orchestrator.store.rawread import driver_rows, utc
+from orchestrator.store.ticknodes import TickNodes
 
 _LINE_UPSERTS: dict[str, Any] = {}  # dialect -> the upsert of cost lines on their line_key
 ONPREM_SUBJECT = "onprem:"  # prefix of the subjects (and marks) of on-prem work, + pool name
@@ -194,11 +195,22 @@ class Ledger(StoreBase):
     # -- what to roll up ---------------------------------------------------------------------------
 
     def ledger_candidates(self, policies: Collection[str] | None = None,
-                          fresh: FreshTest | None = None) -> list[LedgerNode | FreshNode]:
+                          fresh: FreshTest | None = None, nodes: TickNodes | None = None
+                          ) -> list[LedgerNode | FreshNode]:
         """Nodes whose ledger is not final through their end: every node not yet terminated, and
         terminated nodes whose mark does not reach their termination (or that have none).
         ``policies``: only nodes of these policies. ``fresh``: a node it passes comes as a
-        :class:`FreshNode` (its row, not made into a LedgerNode)."""
+        :class:`FreshNode` (its row, not made into a LedgerNode). ``nodes``: the tick's read of
+        the nodes (:meth:`~orchestrator.store.ticknodes.TickNodesRead.tick_nodes`), which holds
+        these rows already: they are taken from it, not read again."""
+        if nodes is not None:
+            rows = nodes.candidates(policies)
+            missing = [r[0] for r in rows if r[14] is None]
+            spans: Mapping[str, tuple[datetime | None, datetime | None]] = {}
+            if missing:
+                with self._read() as conn:
+                    spans = _spans(conn, missing)
+            return self._candidates(rows, spans, fresh)
         n, m, reach = T.nodes.c, T.ledger_marks.c, accrual.ledger_reach.c
         query = (
             sa.select(n.id, n.policy, n.pool, n.provider, n.offering_key, n.instance_type,
@@ -219,6 +231,10 @@ class Ledger(StoreBase):
             # node without one (written around add_node) has its events grouped here.
             rows = driver_rows(conn, query)
             spans = _spans(conn, [r[0] for r in rows if r[14] is None])
+        return self._candidates(rows, spans, fresh)
+
+    def _candidates(self, rows: Sequence[tuple], spans: Mapping[str, tuple[datetime | None,
+                    datetime | None]], fresh: FreshTest | None) -> list[LedgerNode | FreshNode]:
         out: list[LedgerNode | FreshNode] = []
         marks: dict[Any, int] = {}  # marks are whole hours: a few distinct values among many rows
         for row in rows:

@@ -12,6 +12,8 @@ Pending jobs are read as plain tuples of the columns the planner and the dispatc
 (bounded by the GPUs there are, but 11,000 of them at 10,000 burst nodes) are read the same way,
 as light rows (:class:`RunningJob`) of the columns on-prem capacity, node usage and burst runs
 read; the few that dispatch ends on-prem are re-read as full records for their compare-and-set.
+A running job whose row is the one the store's last read found is that read's ``RunningJob``
+(frozen; :mod:`orchestrator.kept`): at 11,000 running jobs most rows do not change between ticks.
 :meth:`QueueReads.start_onprem` starts a pending job from its id and read version with a
 compare-and-set that writes only the columns a start changes.
 """
@@ -30,10 +32,11 @@ import numpy as np
 
 from orchestrator.domain.jobs import JobState, Placement
 from orchestrator.domain.pending import PendingColumns
+from orchestrator.kept import Kept
 from orchestrator.store import tables as T
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.jobqueue import job_from_row
-from orchestrator.store.rawread import driver_rows, utc
+from orchestrator.store.rawread import driver_rows, epoch_us_column, utc
 from orchestrator.store.records import JobRecord
 
 # The columns of a pending job a tick uses, in the order the query selects them.
@@ -83,18 +86,37 @@ class RunningJob:
 # No ORDER BY: given one on id, SQLite walks the primary key over every job, ended ones
 # included, to skip a sort (240 ms at 111,000 jobs, where the state index finds the 11,000
 # running in 33 ms); the rows are sorted by id here instead (_running_rows).
-_RUNNING_Q = (sa.select(*(T.jobs.c[name] for name in RUNNING_COLUMNS))
-              .where(T.jobs.c.state == JobState.RUNNING.value))
+# The start comes as rawread.epoch_us_column reads it (on PostgreSQL whole microseconds).
+_RUNNING_SQL: dict[str, str] = {}  # dialect -> the statement, compiled once
+
+
+def _running_sql(dialect: sa.Dialect) -> str:
+    sql = _RUNNING_SQL.get(dialect.name)
+    if sql is None:
+        columns = [epoch_us_column(T.jobs.c[name], dialect.name) if name == "started_at"
+                   else T.jobs.c[name] for name in RUNNING_COLUMNS]
+        query = sa.select(*columns).where(T.jobs.c.state == JobState.RUNNING.value)
+        sql = _RUNNING_SQL[dialect.name] = str(query.compile(
+            dialect=dialect, compile_kwargs={"literal_binds": True}))
+    return sql
+
 _ID = itemgetter(0)  # a running row's id
 _PLACEMENTS: dict[str | None, Placement | None] = {p.value: p for p in Placement}
 _PLACEMENTS[None] = None
 
 
-def _running_rows(conn: sa.Connection) -> list[RunningJob]:
-    """Every running job as a light row, by id."""
-    rows = driver_rows(conn, _RUNNING_Q)
+def _running_rows(conn: sa.Connection, kept: Kept[RunningJob]) -> list[RunningJob]:
+    """Every running job as a light row, by id: the one made from an equal row by the last
+    read (``kept``) where there is one (a running job's row rarely changes from tick to tick)."""
+    rows = driver_rows(conn, _running_sql(conn.dialect))
     rows.sort(key=_ID)
-    return [_running_job(r) for r in rows]
+    kept.round()
+    get, put = kept.get, kept.put
+    out = []
+    for r in rows:
+        job = get(r[0], r)
+        out.append(job if job is not None else put(r[0], r, _running_job(r)))
+    return out
 
 
 def _running_job(row: Sequence[Any]) -> RunningJob:
@@ -209,14 +231,20 @@ class QueueReads(StoreBase):
             # parsed as a whole column: SQLite gives naive UTC text, PostgreSQL an aware
             # datetime).
             pending = pending_by_pool(driver_rows(conn, pending_q), conn.dialect.name)
-            running = _running_rows(conn)
+            running = _running_rows(conn, self._kept_running())
         return QueueRead(at, pending, running)
 
     def running_jobs(self) -> list[RunningJob]:
         """Every running job of the built-in queue as a light row, by id (what on-prem
         capacity, node usage and burst runs read; ``burst status`` at 10,000 nodes)."""
         with self._read() as conn:
-            return _running_rows(conn)
+            return _running_rows(conn, self._kept_running())
+
+    def _kept_running(self) -> Kept[RunningJob]:
+        kept = self._kept.get("running")
+        if kept is None:
+            kept = self._kept["running"] = Kept()
+        return kept
 
     def start_onprem(self, job_id: str, version: int, attempts: int, node_id: str,
                      at: datetime) -> bool:

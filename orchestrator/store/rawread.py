@@ -11,10 +11,24 @@ as literals by the dialect's own quoting (``literal_binds``).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def epoch_us_column(column: sa.ColumnElement[Any], dialect: str) -> sa.ColumnElement[Any]:
+    """``column``, a time, as the driver should return it for a read of many rows: on
+    PostgreSQL whole microseconds since the epoch, worked out by the server (exact: ``EXTRACT``
+    gives a numeric), which psycopg hands over for about half of what an aware datetime costs
+    it and which compares as cheaply (:mod:`orchestrator.kept`); elsewhere the column as it is.
+    :func:`utc` reads either."""
+    if dialect != "postgresql":
+        return column
+    return sa.cast(sa.func.round(sa.extract("epoch", column) * 1_000_000), sa.BigInteger)
 
 
 def driver_rows(conn: sa.Connection, query: sa.Select[Any] | str) -> list[tuple[Any, ...]]:
@@ -42,11 +56,14 @@ def driver_rows_bound(conn: sa.Connection, query: sa.Select[Any]) -> list[Any]:
     return list(conn.exec_driver_sql(compiled.string, args))  # type: ignore[arg-type]
 
 
-def utc(value: datetime | str | None) -> datetime | None:
+def utc(value: datetime | str | int | None) -> datetime | None:
     """A driver's time as an aware UTC datetime: SQLite's naive UTC text (``YYYY-MM-DD
-    HH:MM:SS.ffffff``, what ``UtcDateTime`` stores), or PostgreSQL's aware datetime."""
+    HH:MM:SS.ffffff``, what ``UtcDateTime`` stores), PostgreSQL's aware datetime, or whole
+    microseconds since the epoch (what :func:`epoch_us_column` asks PostgreSQL for)."""
     if value is None:
         return None
+    if isinstance(value, int):
+        return _EPOCH + timedelta(microseconds=value)  # exact: integer arithmetic
     if isinstance(value, str):
         # Parsing the offset with the text is about eight times cheaper than replace(tzinfo).
         return datetime.fromisoformat(value + "+00:00")
@@ -55,4 +72,4 @@ def utc(value: datetime | str | None) -> datetime | None:
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
-__all__ = ["driver_rows", "driver_rows_bound", "utc"]
+__all__ = ["driver_rows", "driver_rows_bound", "epoch_us_column", "utc"]

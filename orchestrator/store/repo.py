@@ -8,9 +8,8 @@ always passed in; no method reads the clock. Datetimes go in tz-aware and come b
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -46,9 +45,10 @@ from orchestrator.store.placement import PlacementGroups
 from orchestrator.store.pools import PoolControls
 from orchestrator.store.presence import Presence
 from orchestrator.store.queueread import QueueReads
-from orchestrator.store.rawread import driver_rows, utc
+from orchestrator.store.rawread import driver_rows
 from orchestrator.store.slots import FabricSlots
 from orchestrator.store.telemetry import Telemetry
+from orchestrator.store.ticknodes import NODE_FIELDS, TickNodesRead, node_values
 from orchestrator.store.tokens import ApiTokens
 from orchestrator.store.usage import Utilisation
 from orchestrator.store.usage_reads import UsageReads
@@ -57,7 +57,6 @@ from orchestrator.store.usage_reads import UsageReads
 # re-exported here beside Store.
 __all__ = ["NodeCount", "Store", "default_sqlite_url"]
 
-NODE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Node))
 # Fields update_node must not touch: state (and its clock) only move through save_transition,
 # and the identity and version are the store's to manage.
 _NOT_UPDATABLE = frozenset({"id", "version", "state", "state_since"})
@@ -81,39 +80,9 @@ def _node_from_row(row: sa.Row[Any]) -> Node:
 
 
 # Reading many nodes (Store.nodes): the driver's tuples in NODE_FIELDS order, converted by
-# position (rawread: typed result processing cost more than the read at 10,000 nodes).
-_STATES: dict[str, NodeState] = {s.value: s for s in NodeState}
-_MARKETS: dict[str, Market] = {m.value: m for m in Market}
-_TIME_AT = tuple(i for i, name in enumerate(NODE_FIELDS)
-                 if isinstance(T.nodes.c[name].type, T.UtcDateTime))
-_STATE_AT, _MARKET_AT = NODE_FIELDS.index("state"), NODE_FIELDS.index("market")
-_BOOL_AT = tuple(i for i, name in enumerate(NODE_FIELDS)
-                 if isinstance(T.nodes.c[name].type, sa.Boolean))
-_LAUNCHED_FOR_AT = NODE_FIELDS.index("launched_for")
-
-
-def _launched_for(raw: Any) -> tuple[str, ...]:
-    """The driver's JSON list of job ids (SQLite hands back its text) as the Node keeps it."""
-    if isinstance(raw, str):
-        raw = json.loads(raw)  # ('null' for a node launched for no job)
-    return tuple(raw or ())
-
-
-def _node_fields(row: tuple[Any, ...]) -> list[Any]:
-    """A driver's node row as the Node's field values (``Node(*values)`` makes the node)."""
-    values = list(row)
-    for i in _TIME_AT:
-        values[i] = utc(values[i])
-    for i in _BOOL_AT:
-        values[i] = bool(values[i])
-    values[_STATE_AT] = _STATES[values[_STATE_AT]]
-    values[_MARKET_AT] = _MARKETS[values[_MARKET_AT]]
-    values[_LAUNCHED_FOR_AT] = _launched_for(values[_LAUNCHED_FOR_AT])
-    return values
-
-
-def _node_from_driver(row: tuple[Any, ...]) -> Node:
-    return Node(*_node_fields(row))
+# position (rawread: typed result processing cost more than the read at 10,000 nodes), as the
+# tick's one read of the nodes does (orchestrator.store.ticknodes).
+_node_fields = node_values
 
 
 def _event_values(event: NodeEvent) -> dict[str, Any]:
@@ -171,7 +140,7 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
             PoolControls, Ledger, LedgerBatch, Accrual, ApiTokens, Telemetry, FabricSlots, Leases,
-            Presence, Utilisation, Notices, PlacementGroups, Fencing):
+            Presence, Utilisation, Notices, PlacementGroups, TickNodesRead, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 
