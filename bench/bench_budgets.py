@@ -102,8 +102,18 @@ class Churn:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def version(self) -> int | None:
+        """The reach groups' version (None before there was one: a run of older code)."""
+        try:
+            from orchestrator.store import reach_version
+        except ImportError:
+            return None
+        with self.store.engine.connect() as conn:
+            return reach_version.read(conn)
+
     def __enter__(self) -> Churn:
         self.writes, self.cpu_s = 0, 0.0
+        self.began_at = self.version()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -159,8 +169,11 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
                       f"{len(ms) / took:>6.0f}/s  p50 {_quantile(ms, 0.50):6.1f} ms  "
                       f"p99 {_quantile(ms, 0.99):6.1f} ms  errors {len(route.errors)}")
                 if churn is not None and route.path == "/v1/budgets":
+                    now_at = churn.version()
+                    moved = ("" if now_at is None or churn.began_at is None else
+                             f", the groups' version moved {now_at - churn.began_at} times")
                     print(f"      churn: {churn.writes} roll-ups of {churn.batch} nodes "
-                          f"({churn.cpu_s / max(churn.writes, 1) * 1000:.0f} ms CPU each)")
+                          f"({churn.cpu_s / max(churn.writes, 1) * 1000:.0f} ms CPU each){moved}")
                 for error in route.errors[:2]:
                     print(f"      {error}")
 
