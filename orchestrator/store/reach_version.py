@@ -45,8 +45,14 @@ _READ = "SELECT version FROM ledger_reach_version WHERE id = 1"
 
 
 def bump(conn: Connection) -> None:
-    """Move the version in ``conn``'s transaction (a write of the groups)."""
-    conn.exec_driver_sql(_BUMPS[conn.dialect.name], (secrets.randbits(62),))
+    """Move the version in ``conn``'s transaction (a write of the groups), on the transaction's
+    own DBAPI cursor (a state change pays for one more statement, not for its result
+    processing)."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(_BUMPS[conn.dialect.name], (secrets.randbits(62),))
+    finally:
+        cursor.close()
 
 
 def read(conn: Connection) -> int | None:
