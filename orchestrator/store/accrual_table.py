@@ -108,8 +108,9 @@ class AccrualTable:
         floor = product // whole
         twice = 2 * (product - floor * whole)
         micros = floor + ((twice > whole) | ((twice == whole) & (floor % 2 == 1)))
-        if micros.dtype != object and widest and int(micros.max()) * self._big_count > _I64_MAX:
-            micros = micros.astype(object)
+        if micros.dtype != object and widest and (
+                int(micros.max()) * self._big_count * len(micros) > _I64_MAX):
+            micros = micros.astype(object)  # a group's total, or a (pool, project)'s sum of them
         totals = np.add.reduceat(micros * self._count.astype(micros.dtype), self._starts)
         return {key: int(v) for key, v in zip(self.keys, totals.tolist()) if v}
 

@@ -90,6 +90,15 @@ def test_products_past_int64_are_worked_on_python_integers() -> None:
             groups, T - 10**13, stop)
 
 
+def test_sums_past_int64_are_worked_on_python_integers() -> None:
+    """Each group's total fits 63 bits, their (pool, project) sum does not."""
+    count = 2**62 // 9_500_000
+    groups = [AccrualGroup("gpu", "nlp", 9.5, T + k, None, T + k, count) for k in range(3)]
+    got = accrual_table(groups).accrued(T, T + 3_600_000_000)
+    assert got == scalar(groups, T, T + 3_600_000_000)
+    assert got[("gpu", "nlp")] > 2**63
+
+
 def test_no_groups_accrue_nothing() -> None:
     assert accrual_table([]).accrued(T, T + 10**9) == {}
 
