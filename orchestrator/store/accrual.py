@@ -27,7 +27,10 @@ written (``ledger_reach_groups``, :mod:`orchestrator.store.reach_groups`), so a 
 whatever the number of nodes: a roll-up pass brings every live node it rolls up to the same
 reach, so a site of 10,000 live nodes has a few groups per (pool, project, price) and tick it was
 rolled at; nodes that all differ (never rolled up, launched at different instants) are one group
-each, as many rows as nodes.
+each, as many rows as nodes. A store keeps the groups it parsed, with their accrual as columns
+(:mod:`orchestrator.store.accrual_table`), until their version moves
+(:mod:`orchestrator.store.reach_version`): a request between two writes of the groups reads one
+row of them, not every group.
 """
 
 from __future__ import annotations
