@@ -3,7 +3,8 @@ next to a floor measured in the same run. Prints figures; not a test.
 
     python bench/bench_budgets.py [--nodes 10000] [--lines 300000] [--pending 2000]
                                   [--clients 8] [--seconds 5] [--rounds 3] [--pg [URL]]
-                                  [--no-sqlite] [--spread] [--rolled] [--profile | --writes]
+                                  [--no-sqlite] [--spread] [--rolled] [--churn [SECONDS]]
+                                  [--profile | --writes]
 
 The scale bench's site (``bench_scale.build_site``: ``--nodes`` ready burst nodes of 50 projects,
 ``--lines`` cost lines over 90 days, the bench policy's 11 month budgets) without its tick
@@ -20,6 +21,12 @@ Then ``burst api`` (uvicorn, one process, as deployed) under ``--clients`` keep-
 middleware) then ``GET /v1/budgets``, ``--seconds`` each, so every budgets figure has a floor
 taken just before it. The API runs on the real clock: its month window is the current one.
 
+``--churn [SECONDS]``: while each ``GET /v1/budgets`` round runs, a writer in this process rolls
+up 100 nodes every SECONDS (default 1; a line each, their marks moved to a new instant, so their
+reach groups change and their version moves): the API's kept groups go stale and are read again
+under load, as on a site whose roll-up writes while budgets are read. The floor rounds run
+without it. The line printed after the round says how many writes it made and their CPU.
+
 ``--writes``: instead of the API under load, what the writers of the reach cost: the roll-up's
 batch of every node (``Store.write_ledgers``, a line each, marks moved; three rounds) next to the
 plain ``SELECT`` of the reach rows, and a state change (``save_transition``, 300 nodes ready ->
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -81,11 +89,69 @@ def roll_as_a_site(store: Store) -> None:
         bench_scale.window_ticks(rt, clock_at, bench_scale.NOW + timedelta(hours=1))
 
 
+class Churn:
+    """A thread that rolls up ``batch`` nodes every ``every`` seconds until stopped (``--churn``):
+    each write moves its nodes' marks to an instant no earlier write used, so their reach groups
+    change."""
+
+    def __init__(self, store: Store, every: float, batch: int = 100) -> None:
+        with store.engine.connect() as conn:
+            self.ids = [r.id for r in conn.execute(sa.select(T.nodes.c.id).order_by(T.nodes.c.id))]
+        self.store, self.every, self.batch = store, every, batch
+        self.writes, self.cpu_s, self.k = 0, 0.0, 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def version(self) -> int | None:
+        """The reach groups' version (None before there was one: a run of older code)."""
+        try:
+            from orchestrator.store import reach_version
+        except ImportError:
+            return None
+        with self.store.engine.connect() as conn:
+            return reach_version.read(conn)
+
+    def __enter__(self) -> Churn:
+        self.writes, self.cpu_s = 0, 0.0
+        self.began_at = self.version()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        from orchestrator.domain.costs import CostKind, CostLine
+        from orchestrator.store.ledger_batch import LedgerWrite
+
+        while not self._stop.wait(self.every):
+            self.k += 1
+            first = (self.k * self.batch) % max(len(self.ids), 1)
+            nodes = self.ids[first:first + self.batch]
+            start = bench_scale.NOW + timedelta(hours=2, seconds=self.k)
+            writes = [LedgerWrite(n, [CostLine(
+                line_key=f"{n}:churn:{self.k}", subject=n, node_id=n, period_start=start,
+                period_end=start + timedelta(seconds=1), kind=CostKind.IDLE,
+                project="project-00", job_id=None, policy="bench", pool="gpu", provider="sim",
+                region="r", instance_type="t", market="spot", price_usd_hour=9.5,
+                instance_seconds=1.0, gpu_seconds=0.0, cost_micros=2_639, onprem_equiv_micros=0,
+                user=None)], since=start, mark=start) for n in nodes]
+            began = time.thread_time()
+            self.store.write_ledgers(writes, at=start + timedelta(seconds=1))
+            self.cpu_s += time.thread_time() - began
+            self.writes += 1
+
+
 def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Namespace) -> None:
     url = store.url if store.dialect == "postgresql" else str(store.engine.url)
     admin, _ = store.create_api_token("admin", [], created_at=datetime.now(UTC),
                                       description="bench")
     auth = {"Authorization": f"Bearer {admin}"}
+    churn = Churn(store, args.churn) if args.churn else None
     with serve_api(bench_scale.cli_env(url, policy_file, state)) as base:
         for _ in range(20):  # warm: first answers import and build what later ones reuse
             _run(base, Route("warm", "GET", "/v1/budgets", auth), 1, 0.01)
@@ -93,11 +159,21 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
         for n in range(args.rounds):
             for route in (Route("floor: GET /healthz", "GET", "/healthz", {}),
                           Route("GET /v1/budgets", "GET", "/v1/budgets", auth)):
-                took = _run(base, route, args.clients, args.seconds)
+                if churn is not None and route.path == "/v1/budgets":
+                    with churn:
+                        took = _run(base, route, args.clients, args.seconds)
+                else:
+                    took = _run(base, route, args.clients, args.seconds)
                 ms = [v * 1000 for v in route.latencies]
                 print(f"    round {n + 1} {route.name:22} {len(ms):>6} req "
                       f"{len(ms) / took:>6.0f}/s  p50 {_quantile(ms, 0.50):6.1f} ms  "
                       f"p99 {_quantile(ms, 0.99):6.1f} ms  errors {len(route.errors)}")
+                if churn is not None and route.path == "/v1/budgets":
+                    now_at = churn.version()
+                    moved = ("" if now_at is None or churn.began_at is None else
+                             f", the groups' version moved {now_at - churn.began_at} times")
+                    print(f"      churn: {churn.writes} roll-ups of {churn.batch} nodes "
+                          f"({churn.cpu_s / max(churn.writes, 1) * 1000:.0f} ms CPU each){moved}")
                 for error in route.errors[:2]:
                     print(f"      {error}")
 
@@ -226,6 +302,8 @@ def main() -> None:
     ap.add_argument("--spread", action="store_true", help="every node launched at its own instant")
     ap.add_argument("--rolled", action="store_true",
                     help="every node rolled up as a running site's ticks do (spread lags)")
+    ap.add_argument("--churn", nargs="?", type=float, const=1.0, default=None, metavar="SECONDS",
+                    help="roll up 100 nodes every SECONDS (default 1) while budgets are read")
     ap.add_argument("--profile", action="store_true", help="profile in process, no API run")
     ap.add_argument("--writes", action="store_true", help="the reach writers' CPU, no API run")
     ap.add_argument("--pg", nargs="?", const=bench_report.PG_DEFAULT, default=None)

@@ -15,6 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from orchestrator.costs.attribution import rate
+from orchestrator.costs.ledger import DEFAULT_BILLING
 from orchestrator.costs.spend import WindowSpend
 from orchestrator.planner.budgets import (
     MICRO,
@@ -92,7 +94,9 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     windows = {(policy.name, budget.name): window_bounds(budget, now)
                for policy in policies for budget in policy.budgets}
     read = store.budget_inputs(now, windows.values())  # one read transaction
-    spent_in = WindowSpend(store, now, read.accrual, read.lines)
+    # The groups' accrual as columns, built once per version of the groups and kept with them.
+    spent_in = WindowSpend(store, now, read.accrual, read.lines,
+                           table=read.groups.table(rate, DEFAULT_BILLING))
     burns: dict[tuple[str, str | None], Decimal] = {}
     commits: dict[tuple[str, str | None], Decimal] = {}
     for pool, project, price, count in read.live:

@@ -27,6 +27,7 @@ from orchestrator.policy.models import Policy
 from orchestrator.store import Store
 from orchestrator.store.base import require_aware
 from orchestrator.store.accrual import AccrualGroup, AccrualNode, epoch_us
+from orchestrator.store.accrual_table import AccrualTable
 
 _MICROS = Decimal(1_000_000)
 
@@ -85,17 +86,24 @@ class WindowSpend:
     these instead (read once by the caller; or every node on its own, count 1, as tests
     compare: :meth:`AccrualGroup.of_node`); ``lines``: each
     window's lines per (pool, project) as read by the caller (``Store.budget_inputs``; a window
-    not in it is read). Exact: the same integer micro-dollars as :func:`spend`, added in another
-    order."""
+    not in it is read); ``table``: the groups' :class:`AccrualTable` as the store keeps it with
+    them (``BudgetInputs.groups``, :func:`accrual_table`), else built here from ``groups``.
+    Exact: the same integer micro-dollars as :func:`spend`, added in another order (each group's
+    worked out by the table's columns, compared with :func:`_accrued_us` by its tests)."""
 
     def __init__(self, store: Store, now: datetime,
                  groups: list[AccrualGroup] | None = None,
                  lines: Mapping[tuple[datetime, datetime],
-                                dict[tuple[str | None, str | None], int]] | None = None) -> None:
+                                dict[tuple[str | None, str | None], int]] | None = None,
+                 table: AccrualTable | None = None) -> None:
         self._lines = WindowLines(store)
         if lines:
             self._lines._windows.update(lines)
-        self._groups = store.budget_groups()[0] if groups is None else groups
+        if groups is None and table is None:  # the store's groups and their table, as kept
+            kept = store.reach_group_set()
+            groups, table = kept.accrual, kept.table(rate, DEFAULT_BILLING)
+        self._groups = groups
+        self._table = table
         self._now = require_aware(now, "now")
         self._now_us = epoch_us(now)
         self._accrued: dict[tuple[datetime, datetime],
@@ -108,15 +116,10 @@ class WindowSpend:
         """Micro-dollars accrued in [since, min(now, until)) per (pool, project) of the nodes."""
         key = (since, until)
         if key not in self._accrued:
-            groups: dict[tuple[str, str | None], int] = {}
-            groups: dict[tuple[str, str | None], int] = {}
+            if self._table is None:
+                self._table = accrual_table(self._groups or [])
             since_us, stop_us = epoch_us(since), min(epoch_us(until), self._now_us)
-            for pool, project, price, launched, ended, covered, count in self._groups:
-                micros_ = _accrued_us(price, launched, ended, covered, since_us, stop_us)
-                if micros_:
-                    group = (pool, project)
-                    groups[group] = groups.get(group, 0) + micros_ * count
-            self._accrued[key] = groups
+            self._accrued[key] = self._table.accrued(since_us, stop_us)
         return self._accrued[key]
 
     def __call__(self, *, since: datetime, until: datetime, pool: str | None = None,
@@ -165,6 +168,12 @@ def _lines_of(lines: Mapping[tuple[str | None, str | None], int], pool: str | No
               project: str | None) -> int:
     return sum(v for (p, j), v in lines.items() if (pool is None or p == pool)
                and (project is None or j == project or (project == NO_PROJECT and j is None)))
+
+
+def accrual_table(groups: list[AccrualGroup]) -> AccrualTable:
+    """``groups`` as an :class:`AccrualTable` that accrues as :func:`_accrued_us` does (this
+    module's price fraction and billing rule)."""
+    return AccrualTable(groups, rate, DEFAULT_BILLING)
 
 
 def _accrued_micros(node: AccrualNode, since: datetime, until: datetime, now: datetime) -> int:
@@ -241,5 +250,5 @@ def burn_by_group(prices: Mapping[tuple[str, str | None], list[float]]
             for group, ps in prices.items()}
 
 
-__all__ = ["WindowLines", "WindowSpend", "budget_spend", "burn_by_group",
+__all__ = ["WindowLines", "WindowSpend", "accrual_table", "budget_spend", "burn_by_group",
            "burn_rate_usd_hour", "spend"]

@@ -27,7 +27,10 @@ written (``ledger_reach_groups``, :mod:`orchestrator.store.reach_groups`), so a 
 whatever the number of nodes: a roll-up pass brings every live node it rolls up to the same
 reach, so a site of 10,000 live nodes has a few groups per (pool, project, price) and tick it was
 rolled at; nodes that all differ (never rolled up, launched at different instants) are one group
-each, as many rows as nodes.
+each, as many rows as nodes. A store keeps the groups it parsed, with their accrual as columns
+(:mod:`orchestrator.store.accrual_table`), until their version moves
+(:mod:`orchestrator.store.reach_version`): a request between two writes of the groups reads one
+row of them, not every group.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.store import reach_groups, rollups
+from orchestrator.store import reach_groups, reach_version, rollups
 from orchestrator.store import tables as T
+from orchestrator.store.accrual_table import ReachGroupSet
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
 from orchestrator.store.rawwrite import driver_executemany
@@ -320,6 +324,9 @@ class BudgetInputs:
     commits: list[CommitNode]  # as nodes_committing
     # Burst micro-dollars per (pool, project) of each (since, until) window's lines.
     lines: dict[tuple[datetime, datetime], dict[tuple[str | None, str | None], int]]
+    # The groups as read (accrual and live are its lists: read-only, the store keeps them),
+    # with the accrual table built from them once per version of the groups.
+    groups: ReachGroupSet
 
 
 def _budget_groups(rows: Iterable[tuple[Any, ...]]
@@ -410,9 +417,32 @@ class Accrual(StoreBase):
                                      list[tuple[str, str | None, float, int]]]:
         """:meth:`ledger_accrual_groups` (as :class:`AccrualGroup`, in microseconds) and
         :meth:`live_node_price_counts` from one read of the kept group counts: what every
-        budget's status needs of the nodes."""
+        budget's status needs of the nodes (kept by the store while their version holds:
+        :meth:`_reach_groups`)."""
         with self._read() as conn:
-            return _budget_groups(reach_groups.read(conn))
+            groups = self._reach_groups(conn)
+        return list(groups.accrual), list(groups.live)
+
+    def reach_group_set(self) -> ReachGroupSet:
+        """The reach's groups as the store keeps them (:meth:`_reach_groups`): their lists are
+        the store's own, to read, not change."""
+        with self._read() as conn:
+            return self._reach_groups(conn)
+
+    def _reach_groups(self, conn: Connection) -> ReachGroupSet:
+        """The reach's groups, parsed, as of ``conn``'s transaction: the ones this store read
+        last while the groups' version (:mod:`orchestrator.store.reach_version`, one row read
+        first) is still the one they were read at, else read and parsed again and kept. Groups
+        read after the version are at least as new as it, so what is kept under a version is
+        never older than that version's groups."""
+        version = reach_version.read(conn)
+        kept: ReachGroupSet | None = getattr(self, "_reach_kept", None)
+        if version is not None and kept is not None and kept.version == version:
+            return kept
+        read = ReachGroupSet(version, *_budget_groups(reach_groups.read(conn)))
+        if version is not None:  # no version row (a schema made around the migrations): no keeping
+            self._reach_kept = read  # one reference swapped: a reader thread sees either one
+        return read
 
     def nodes_committing(self, now: datetime) -> list[CommitNode]:
         """The live nodes (by creation) whose launch commitment may not all be accrued at
@@ -435,15 +465,15 @@ class Accrual(StoreBase):
             require_aware(since, "since")
             require_aware(until, "until")
         with self._read() as conn:
-            groups = reach_groups.read(conn)
+            groups = self._reach_groups(conn)
             commits = committing(conn, now)
             lines = {(since, until): {
                 key: sums[0] for key, sums in rollups.rollup_sums(
                     conn, ("pool", "project"), since=since, until=until, projects=None,
                     pool=None, users=None, sums=("cost_micros", "lines")).items()}
                 for since, until in wanted}
-        accrual, live = _budget_groups(groups)
-        return BudgetInputs(accrual, live, commits, lines)  # type: ignore[arg-type]
+        return BudgetInputs(groups.accrual, groups.live, commits, lines,  # type: ignore[arg-type]
+                            groups)
 
     def rebuild_ledger_reach(self) -> int:
         """Rebuild ``ledger_reach`` from the nodes, their events, marks and lines (what migration

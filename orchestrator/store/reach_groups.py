@@ -22,7 +22,9 @@ statements (:func:`flush`): one upsert of the changed groups' counts, in key ord
 that share groups take their rows in one order and never deadlock), and one delete of the groups
 left empty. A crash anywhere rolls back the reach and its counts together. A write outside
 ``Store._write`` (a test, a script) applies its counts at once. :func:`rebuild` makes the table
-the ``GROUP BY`` of the reach again (``burst db rebuild-rollups``, migration 0021).
+the ``GROUP BY`` of the reach again (``burst db rebuild-rollups``, migration 0021). Every write
+of the counts also moves their version (:mod:`orchestrator.store.reach_version`, migration 0022)
+in its transaction, so a store that keeps the groups it read knows when to read them again.
 
 Only rows that count somewhere are kept: launched (``start_us`` set: they accrue) or live
 (their price burns). A node refused at launch and terminated is neither.
@@ -41,6 +43,7 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite
 
+from orchestrator.store import reach_version
 from orchestrator.store import tables as T
 from orchestrator.store.keysets import among
 from orchestrator.store.rawread import driver_rows, driver_rows_bound
@@ -174,6 +177,7 @@ def _apply(conn: Connection, delta: Counter[Group]) -> None:
     emptied = [key for key, _, n in changed if n < 0]  # only a decrement can empty a group
     if emptied:
         conn.execute(delete, {"keys": emptied})
+    reach_version.bump(conn)  # last, after the group rows (orchestrator.store.reach_version)
 
 
 def _writes(dialect: str) -> tuple[Any, Any]:
@@ -201,6 +205,7 @@ def rebuild(conn: Connection) -> int:
     rows.sort(key=lambda row: row["group_key"])
     for i in range(0, len(rows), 1000):
         conn.execute(sa.insert(ledger_reach_groups), rows[i:i + 1000])
+    reach_version.bump(conn)
     return len(rows)
 
 

@@ -4,7 +4,10 @@ marks written one node at a time or in the roll-up's batch, rebuilds), the count
 ``GROUP BY`` of the reach from scratch, the budgets' accrual read from them equals the per-node
 derivation to the micro-dollar and the live prices those of the node rows; a rebuild leaves them
 as they were; a failure anywhere in a write leaves the reach and its counts as before it; writers
-racing on the same nodes leave them right."""
+racing on the same nodes leave them right. Their version (orchestrator.store.reach_version) moves
+with every write that changes them, in its transaction, and a store's kept groups are never served
+once it has moved: not after a write of this store, of another store of the same database, or of
+writers racing with readers."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 from orchestrator.costs.spend import WindowSpend
 from orchestrator.domain import NodeState
 from orchestrator.lifecycle import NodeEvent, transition
-from orchestrator.store import Store, reach_groups
+from orchestrator.store import Store, reach_groups, reach_version
 from orchestrator.store.ledger_batch import LedgerWrite
 from tests.builders import make_node, make_offering
 from tests.integration.test_ledger_reach import (
@@ -59,6 +62,7 @@ def empty(store: Store) -> None:
     with store.engine.begin() as conn:
         for table in TABLES:
             conn.exec_driver_sql(f"DELETE FROM {table}")
+        reach_version.bump(conn)  # the groups written around the store: stores read them again
 
 
 def lines_of(store: Store, node_id: str, hours: int, mark: int | None, at: datetime
@@ -154,7 +158,30 @@ def _state(store: Store) -> tuple:
     with store.engine.connect() as conn:
         reach = sorted(tuple(r) for r in conn.execute(sa.text("SELECT * FROM ledger_reach")))
         nodes = sorted(tuple(r) for r in conn.execute(sa.text("SELECT id, state FROM nodes")))
-    return reach, sorted(counts(store).items(), key=lambda g: reach_groups.group_key(g[0])), nodes
+    return (reach, sorted(counts(store).items(), key=lambda g: reach_groups.group_key(g[0])),
+            nodes, version(store))
+
+
+def version(store: Store) -> int | None:
+    with store.engine.connect() as conn:
+        return reach_version.read(conn)
+
+
+def served(store: Store) -> tuple[list, list]:
+    """The groups as ``store`` serves them to budgets (kept or read again), in one order."""
+    kept = store.reach_group_set()
+    return (sorted(kept.accrual, key=lambda g: reach_groups.group_key(g[:6])),
+            sorted(kept.live, key=lambda g: reach_groups.group_key(g)))
+
+
+def fresh(store: Store) -> tuple[list, list]:
+    """The groups parsed from a read of the table, as no store has kept them."""
+    from orchestrator.store.accrual import _budget_groups
+
+    with store.engine.connect() as conn:
+        accrual, live = _budget_groups(reach_groups.read(conn))
+    return (sorted(accrual, key=lambda g: reach_groups.group_key(g[:6])),
+            sorted(live, key=lambda g: reach_groups.group_key(g)))
 
 
 @pytest.mark.parametrize(("write", "where"), [
@@ -239,3 +266,113 @@ def test_writers_racing_on_the_same_nodes_leave_the_counts_right(store: Store) -
     kept = counts(store)
     assert sum(kept.values()) > 0
     check_reads(store, T0 + 9 * H)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(op_st, gap_st), min_size=1, max_size=12))
+def test_every_write_that_changes_the_groups_moves_their_version(
+        store: Store, ops: list[tuple[tuple, tuple[int, int]]]) -> None:
+    """Each write path (a node added, launched, terminated, lines of one node or of a batch, a
+    rebuild): when the kept counts differ after it, the version is past what it was, and the
+    store that kept the groups before it serves the new ones (a second store of the same
+    database too); when nothing moved, the kept set is served again as it is."""
+    empty(store)
+    other = Store(store.url if store.dialect == "postgresql" else str(store.engine.url))
+    try:
+        at = T0
+        apply(store, ("add", "n0", "gpu", "nlp", 9.5), at)
+        for op, (minutes, us) in ops:
+            before, was = counts(store), version(store)
+            kept_before = store.reach_group_set()
+            other.reach_group_set()  # the other store keeps them too
+            at += timedelta(minutes=minutes, microseconds=us)
+            apply(store, op, at)
+            after, now = counts(store), version(store)
+            assert was is not None and now is not None and now >= was
+            if after != before:
+                assert now > was, (op, before, after)
+            if now == was:
+                assert store.reach_group_set() is kept_before
+            assert served(store) == fresh(store), op
+            assert served(other) == fresh(store), op
+    finally:
+        other.close()
+
+
+def test_a_write_around_the_store_is_seen_once_it_moves_the_version(store: Store) -> None:
+    """The kept groups are what was read at their version: rows changed by raw SQL without
+    the version are not seen (the documented rule for writes around the store), and are once
+    the version moves; a rolled-back write moves neither; a rebuild moves it."""
+    empty(store)
+    _history(store)
+    kept = served(store)
+    assert kept == fresh(store) and kept[0]
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE ledger_reach_groups SET nodes = nodes + 5")
+    assert served(store) == kept  # kept: the version did not move
+    with pytest.raises(RuntimeError):
+        with store.engine.begin() as conn:
+            reach_version.bump(conn)
+            raise RuntimeError("rolled back")
+    assert served(store) == kept
+    with store.engine.begin() as conn:
+        reach_version.bump(conn)
+    assert served(store) == fresh(store) != kept
+    # A rebuild (burst db rebuild-rollups) moves it too: a price changed around the store.
+    kept = served(store)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE nodes SET price_usd_hour = 2.5 WHERE id = 'n0'")
+    store.rebuild_cost_rollups()
+    assert served(store) == fresh(store) != kept
+
+
+def test_readers_racing_with_writers_never_keep_stale_groups(store: Store) -> None:
+    """Budget reads in threads while others launch, roll up and terminate nodes: every read
+    serves groups whose version is no older than what the table held when it began, and once
+    the writers stop, every store serves the groups as written."""
+    empty(store)
+    ids = [f"w{i}" for i in range(10)]
+    for i, node_id in enumerate(ids):
+        apply(store, ("add", node_id, "gpu", ["nlp", None][i % 2], [9.5, 1.2345678][i % 2]),
+              T0 + timedelta(microseconds=i))
+    reader = Store(store.url if store.dialect == "postgresql" else str(store.engine.url))
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        try:
+            for i, node_id in enumerate(ids):
+                apply(store, ("step", node_id, S.LAUNCHING), T0 + timedelta(minutes=1, seconds=i))
+                apply(store, ("batch", set(ids[: i + 1]), 1 + i % 3, 1), T0 + (2 + i) * H)
+            for node_id in ids[::3]:
+                apply(store, ("step", node_id, S.TERMINATING), T0 + 20 * H)
+                apply(store, ("step", node_id, S.TERMINATED), T0 + 20 * H)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                began = version(reader)
+                got = reader.reach_group_set()
+                assert got.version is not None and began is not None
+                assert got.version >= began
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read),
+               threading.Thread(target=read)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert served(reader) == fresh(store) == served(store)
+        check_reads(reader, T0 + 21 * H)
+    finally:
+        reader.close()
