@@ -45,11 +45,12 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.store import reach_groups, reach_version, rollups
+from orchestrator.store import reach_groups, reach_version, rollup_version, rollups
 from orchestrator.store import tables as T
 from orchestrator.store.accrual_table import ReachGroupSet
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
+from orchestrator.store.versions import read_versions
 from orchestrator.store.rawwrite import driver_executemany
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -435,14 +436,24 @@ class Accrual(StoreBase):
         first) is still the one they were read at, else read and parsed again and kept. Groups
         read after the version are at least as new as it, so what is kept under a version is
         never older than that version's groups."""
-        version = reach_version.read(conn)
+        return self._reach_groups_at(conn, reach_version.read(conn))
+
+    def _reach_groups_at(self, conn: Connection, version: int | None) -> ReachGroupSet:
+        """:meth:`_reach_groups` with the version read already (first, by the caller)."""
         kept: ReachGroupSet | None = getattr(self, "_reach_kept", None)
         if version is not None and kept is not None and kept.version == version:
             return kept
-        read = ReachGroupSet(version, *_budget_groups(reach_groups.read(conn)))
-        if version is not None:  # no version row (a schema made around the migrations): no keeping
+        if version is None:  # no version row (a schema made around the migrations): no keeping
+            return ReachGroupSet(version, *_budget_groups(reach_groups.read(conn)))
+        # One thread reads them again at a time (every request in flight misses at once after
+        # a write); the others find them kept under the version they read.
+        with self._reach_reading:
+            kept = getattr(self, "_reach_kept", None)
+            if kept is not None and kept.version == version:
+                return kept
+            read = ReachGroupSet(version, *_budget_groups(reach_groups.read(conn)))
             self._reach_kept = read  # one reference swapped: a reader thread sees either one
-        return read
+            return read
 
     def nodes_committing(self, now: datetime) -> list[CommitNode]:
         """The live nodes (by creation) whose launch commitment may not all be accrued at
@@ -455,22 +466,31 @@ class Accrual(StoreBase):
 
     def budget_inputs(self, now: datetime, windows: Iterable[tuple[datetime, datetime]]
                       ) -> BudgetInputs:
-        """Everything every budget's status reads of the store, in one read transaction (one
-        consistent view, one connection): the ledger reach's group counts, the nodes that may
-        still owe part of their commitment, and each window's burst micro-dollars per (pool,
-        project) from the roll-ups (``cost_sums`` by pool and project, its cost alone)."""
+        """Everything every budget's status reads of the store, on one connection: the ledger
+        reach's group counts, the nodes that may still owe part of their commitment, and each
+        window's burst micro-dollars per (pool, project) from the roll-ups (``cost_sums`` by
+        pool and project, its cost alone).
+
+        The groups and the window sums are kept by the store while their versions hold (both
+        read first, in one statement: :mod:`orchestrator.store.versions`), so between two writes
+        a request reads two statements: the versions and the commitments. What is kept is the
+        store's own (the caller reads it, never changes it). On PostgreSQL the read runs in
+        autocommit (``_peek``): at READ COMMITTED a transaction gave its statements no common
+        snapshot anyway, and kept values current by their versions are exactly the committed
+        rows as of the versions' read."""
         require_aware(now, "now")
         wanted = sorted(set(windows))
         for since, until in wanted:
             require_aware(since, "since")
             require_aware(until, "until")
-        with self._read() as conn:
-            groups = self._reach_groups(conn)
+        with self._peek() as conn:
+            # Both versions first, in one statement; then only what they say has moved.
+            reach, rolled = read_versions(conn, (reach_version.REACH, rollup_version.ROLLUPS))
+            groups = self._reach_groups_at(conn, reach)
             commits = committing(conn, now)
-            lines = {(since, until): {
-                key: sums[0] for key, sums in rollups.rollup_sums(
-                    conn, ("pool", "project"), since=since, until=until, projects=None,
-                    pool=None, users=None, sums=("cost_micros", "lines")).items()}
+            lines = {(since, until): self._window_sums.get(
+                rolled, rollups.hour_window(since, until),
+                lambda since=since, until=until: _window_cost(conn, since, until))
                 for since, until in wanted}
         return BudgetInputs(groups.accrual, groups.live, commits, lines,  # type: ignore[arg-type]
                             groups)
@@ -480,6 +500,14 @@ class Accrual(StoreBase):
         0019 did on upgrade). Returns its row count."""
         with self._write() as conn:
             return rebuild(conn, self._insert)
+
+
+def _window_cost(conn: Connection, since: datetime, until: datetime
+                 ) -> dict[tuple[str | None, ...], int]:
+    """Burst micro-dollars per (pool, project) of the lines of [since, until), from the roll-ups."""
+    return {key: sums[0] for key, sums in rollups.rollup_sums(
+        conn, ("pool", "project"), since=since, until=until, projects=None, pool=None,
+        users=None, sums=("cost_micros", "lines")).items()}
 
 
 __all__ = ["Accrual", "AccrualNode", "BudgetInputs", "CommitNode", "committing", "derive", "epoch_us", "from_us", "ledger_reach",

@@ -1,8 +1,10 @@
 """The store's connection handling, shared by its repository parts.
 
-Every public Store method is one transaction: reads through ``_read()``, writes through
-``_write()`` (which on SQLite takes the write lock at BEGIN, and ends with the ledger reach's
-group counts its writes changed, :mod:`orchestrator.store.reach_groups`). Compare-and-set writes report a lost
+Every public Store method is one transaction: reads through ``_read()`` (or ``_peek()``, without
+BEGIN and COMMIT on PostgreSQL, for reads that need no common snapshot), writes through
+``_write()`` (which on SQLite takes the write lock at BEGIN, and ends with the roll-ups' version
+and the ledger reach's group counts its writes changed, :mod:`orchestrator.store.rollup_version`,
+:mod:`orchestrator.store.reach_groups`). Compare-and-set writes report a lost
 race by the affected row count, never by an exception, so callers can treat conflicts as data.
 A fenced view (``fencing``, checks in ``fence``) makes ``_write()`` check its leader token first, in the same
 transaction.
@@ -10,6 +12,7 @@ transaction.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -22,7 +25,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
 from orchestrator.kept import Kept
-from orchestrator.store import migrate, reach_groups
+from orchestrator.store import migrate, reach_groups, rollup_version
 from orchestrator.store.engine import make_engine, normalize_url, write_engine
 from orchestrator.store.fence import Fence
 
@@ -42,6 +45,13 @@ class StoreBase:
         # Values made from rows a read finds again and again (orchestrator.kept), by what they
         # are: shared with this store's views, which are shallow copies.
         self._kept: dict[str, Kept[Any]] = {}
+        # Window sums of the cost roll-ups, kept while their version holds (budgets' reads).
+        self._window_sums = rollup_version.KeptSums()
+        self._reach_reading = threading.Lock()  # the reach's kept groups: one reader of a miss
+        # PostgreSQL reads that need no common snapshot run without BEGIN and COMMIT (_peek).
+        self._autocommit: Engine | None = (
+            self._engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self._engine.dialect.name == "postgresql" else None)
 
     @property
     def url(self) -> str:
@@ -82,6 +92,19 @@ class StoreBase:
             yield conn
 
     @contextmanager
+    def _peek(self) -> Iterator[Connection]:
+        """A read whose statements need no common snapshot: on PostgreSQL in autocommit, which
+        saves the BEGIN and COMMIT round trips (at READ COMMITTED, PostgreSQL's default and the
+        store's, a read transaction gives its statements no common snapshot anyway: each sees
+        what was committed when it began); on SQLite a read transaction, as ``_read``."""
+        if self._autocommit is None:
+            with self._read() as conn:
+                yield conn
+            return
+        with _argument_errors(), self._autocommit.connect() as conn:
+            yield conn
+
+    @contextmanager
     def _write(self) -> Iterator[Connection]:
         with _argument_errors(), self._writer.begin() as conn:
             for fence in self._fences:
@@ -89,12 +112,16 @@ class StoreBase:
                 # (and rolled back by the raise) before anything of it is written.
                 fence.check(conn)
             reach_groups.begin(conn)
+            rollup_version.begin(conn)
             try:
                 yield conn
-                # The ledger reach's group counts its writes changed: the transaction's last
-                # statements, in one order for every writer (orchestrator.store.reach_groups).
+                # The versions and counts its writes moved: the transaction's last statements,
+                # in one order for every writer (orchestrator.store.versions): the roll-ups'
+                # version, then the ledger reach's group counts and their version.
+                rollup_version.flush(conn)
                 reach_groups.flush(conn)
             finally:
+                rollup_version.discard(conn)
                 reach_groups.discard(conn)
 
     def _insert(self, table: sa.Table) -> Any:

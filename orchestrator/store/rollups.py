@@ -52,6 +52,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from orchestrator.domain.costs import NO_PROJECT, CostKind, CostLine
+from orchestrator.store import rollup_version
 from orchestrator.store import tables as T
 
 ROLLUP_KEYS = frozenset({"project", "user", "provider", "pool", "policy", "day"})
@@ -129,9 +130,10 @@ def apply_changes(conn: Connection, insert: Any, removed: Iterable[CostLine],
     for (_, day, *group), sums in hours.items():
         _add(days, (day, *group), sums)
         _add(months, (day[:7], *group), sums)
-    _upsert(conn, insert, T.cost_rollup_hours, ("period_start", "day", *_GROUP), hours)
-    _upsert(conn, insert, T.cost_rollup_days, ("day", *_GROUP), days)
-    _upsert(conn, insert, T.cost_rollup_months, ("month", *_GROUP), months)
+    if _upsert(conn, insert, T.cost_rollup_hours, ("period_start", "day", *_GROUP), hours):
+        _upsert(conn, insert, T.cost_rollup_days, ("day", *_GROUP), days)
+        _upsert(conn, insert, T.cost_rollup_months, ("month", *_GROUP), months)
+        rollup_version.moved(conn)  # their version moves with them (kept window sums)
 
 
 def _add(table: dict[tuple[Any, ...], Sums], key: tuple[Any, ...], delta: Sums) -> None:
@@ -146,12 +148,14 @@ _INCREMENTS: dict[tuple[str, str], Any] = {}
 
 
 def _upsert(conn: Connection, insert: Any, table: sa.Table, names: Sequence[str],
-            deltas: dict[tuple[Any, ...], Sums]) -> None:
+            deltas: dict[tuple[Any, ...], Sums]) -> bool:
+    """Add ``deltas`` to ``table``'s rows; False when every delta is zero (nothing written: a
+    day's or month's deltas are their hours' sums, so they are all zero then too)."""
     rows = [{**dict(zip(names, key, strict=True)), **dict(zip(SUMS, sums, strict=True))}
             for key, sums in sorted(deltas.items(), key=lambda kv: kv[0])
             if any(sums)]
     if not rows:
-        return
+        return False
     stmt = _INCREMENTS.get((conn.dialect.name, table.name))
     if stmt is None:
         stmt = insert(table)
@@ -160,6 +164,7 @@ def _upsert(conn: Connection, insert: Any, table: sa.Table, names: Sequence[str]
             set_={s: table.c[s] + stmt.excluded[s] for s in SUMS})
         _INCREMENTS[(conn.dialect.name, table.name)] = stmt
     conn.execute(stmt, rows)
+    return True
 
 
 def rebuild(conn: Connection) -> tuple[int, int, int]:
@@ -195,6 +200,7 @@ def rebuild(conn: Connection) -> tuple[int, int, int]:
         select = sa.select(*lead_cols, *keys, *sums).group_by(*group_by)
         conn.execute(sa.insert(table).from_select([*lead, *_GROUP, *SUMS], select))
         counts.append(int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar()))
+    rollup_version.moved(conn)
     return counts[0], counts[1], counts[2]
 
 
@@ -351,8 +357,7 @@ def rollup_sums(conn: Connection, group_by: Sequence[str], *, since: datetime | 
     days taken away) are left out."""
     if "lines" not in sums:
         raise ValueError("sums: needs lines (groups of no line are left out by it)")
-    lo = None if since is None else _hour_ceil(since)
-    hi = None if until is None else _hour_ceil(until)
+    lo, hi = hour_window(since, until)
     parts = cover(lo, hi, Level.DAY if "day" in group_by else Level.MONTH)
     if not parts:
         return {}
@@ -381,6 +386,14 @@ def rollup_sums(conn: Connection, group_by: Sequence[str], *, since: datetime | 
     return out
 
 
+def hour_window(since: datetime | None, until: datetime | None
+                ) -> tuple[datetime | None, datetime | None]:
+    """The window [since, until) as :func:`rollup_sums` reads it: both ends rounded up to the
+    hour (UTC). Two windows of one hour window have the same sums."""
+    return (None if since is None else _hour_ceil(since),
+            None if until is None else _hour_ceil(until))
+
+
 def _hour_ceil(moment: datetime) -> datetime:
     moment = moment.astimezone(UTC)
     floor = moment.replace(minute=0, second=0, microsecond=0)
@@ -393,5 +406,6 @@ def _key(name: str, value: Any) -> str | None:
     return str(value)
 
 
-__all__ = ["ROLLUP_KEYS", "SUMS", "Level", "Part", "apply_changes", "cover", "line_sums",
+__all__ = ["ROLLUP_KEYS", "SUMS", "Level", "Part", "apply_changes", "cover", "hour_window",
+           "line_sums",
            "lock_subject", "lock_subjects", "rebuild", "rollup_sums", "stripe"]

@@ -200,7 +200,7 @@ class ApiTokens(StoreBase):
         require_aware(now, "now")
         given = hash_api_token(secret)
         c = T.api_tokens.c
-        with self._read() as conn:
+        with self._peek() as conn:  # one statement, on every request: no BEGIN/COMMIT
             row = conn.execute(sa.select(T.api_tokens).where(c.token_hash == given)).first()
         if row is None or not hmac.compare_digest(row._mapping["token_hash"], given):
             return None, "unknown"

@@ -20,7 +20,7 @@ from orchestrator.costs.spend import WindowSpend, _accrued_micros, spend
 from orchestrator.domain import NodeState
 from orchestrator.domain.costs import CostKind, CostLine
 from orchestrator.lifecycle import NodeEvent, transition
-from orchestrator.store import Store, reach_groups, reach_version
+from orchestrator.store import Store, reach_groups, reach_version, rollup_version
 from orchestrator.store import tables as T
 from orchestrator.store.accrual import AccrualGroup, AccrualNode, derive, ledger_reach
 from tests.builders import make_node, make_offering
@@ -55,6 +55,7 @@ def empty(store: Store) -> None:
         for table in TABLES:
             conn.exec_driver_sql(f"DELETE FROM {table}")
         reach_version.bump(conn)  # the groups written around the store: stores read them again
+        rollup_version.ROLLUPS.bump(conn)  # the roll-ups too: stores read their sums again
 
 
 def line(subject: str, pool: str, project: str | None, start: datetime, i: int) -> CostLine:

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from orchestrator.costs.spend import WindowSpend
 from orchestrator.domain import NodeState
 from orchestrator.lifecycle import NodeEvent, transition
-from orchestrator.store import Store, reach_groups, reach_version
+from orchestrator.store import Store, reach_groups, reach_version, rollup_version
 from orchestrator.store.ledger_batch import LedgerWrite
 from tests.builders import make_node, make_offering
+from tests.racing import race
 from tests.integration.test_ledger_reach import (
     EPOCH,
     TABLES,
@@ -63,6 +64,7 @@ def empty(store: Store) -> None:
         for table in TABLES:
             conn.exec_driver_sql(f"DELETE FROM {table}")
         reach_version.bump(conn)  # the groups written around the store: stores read them again
+        rollup_version.ROLLUPS.bump(conn)  # the roll-ups too: stores read their sums again
 
 
 def lines_of(store: Store, node_id: str, hours: int, mark: int | None, at: datetime
@@ -337,41 +339,23 @@ def test_readers_racing_with_writers_never_keep_stale_groups(store: Store) -> No
         apply(store, ("add", node_id, "gpu", ["nlp", None][i % 2], [9.5, 1.2345678][i % 2]),
               T0 + timedelta(microseconds=i))
     reader = Store(store.url if store.dialect == "postgresql" else str(store.engine.url))
-    errors: list[BaseException] = []
-    stop = threading.Event()
 
     def write() -> None:
-        try:
-            for i, node_id in enumerate(ids):
-                apply(store, ("step", node_id, S.LAUNCHING), T0 + timedelta(minutes=1, seconds=i))
-                apply(store, ("batch", set(ids[: i + 1]), 1 + i % 3, 1), T0 + (2 + i) * H)
-            for node_id in ids[::3]:
-                apply(store, ("step", node_id, S.TERMINATING), T0 + 20 * H)
-                apply(store, ("step", node_id, S.TERMINATED), T0 + 20 * H)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            stop.set()
+        for i, node_id in enumerate(ids):
+            apply(store, ("step", node_id, S.LAUNCHING), T0 + timedelta(minutes=1, seconds=i))
+            apply(store, ("batch", set(ids[: i + 1]), 1 + i % 3, 1), T0 + (2 + i) * H)
+        for node_id in ids[::3]:
+            apply(store, ("step", node_id, S.TERMINATING), T0 + 20 * H)
+            apply(store, ("step", node_id, S.TERMINATED), T0 + 20 * H)
 
     def read() -> None:
-        try:
-            while not stop.is_set():
-                began = version(reader)
-                got = reader.reach_group_set()
-                assert got.version is not None and began is not None
-                assert got.version >= began
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            stop.set()
+        began = version(reader)
+        got = reader.reach_group_set()
+        assert got.version is not None and began is not None
+        assert got.version >= began
 
-    threads = [threading.Thread(target=write), threading.Thread(target=read),
-               threading.Thread(target=read)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors, errors
+        race(write, read)
         assert served(reader) == fresh(store) == served(store)
         check_reads(reader, T0 + 21 * H)
     finally:
