@@ -50,8 +50,8 @@ from orchestrator.store import tables as T
 from orchestrator.store.accrual_table import ReachGroupSet
 from orchestrator.store.base import StoreBase, require_aware
 from orchestrator.store.keysets import among
-from orchestrator.store.versions import read_versions
 from orchestrator.store.rawwrite import driver_executemany
+from orchestrator.store.versions import read_versions
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)

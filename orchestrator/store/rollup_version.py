@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime
+
 from sqlalchemy import Connection
 
 from orchestrator.store.versions import VersionCounter
