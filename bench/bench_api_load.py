@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psutil
 
 from orchestrator.domain import Node, NodeState
 from orchestrator.fabric.tokens import new_credential
@@ -127,16 +128,29 @@ def _wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 120.0
     raise SystemExit(f"burst api did not answer within {timeout:.0f}s")
 
 
+class Served(str):
+    """The base URL of a served API, with its process id (``pid``) for CPU readings."""
+
+    pid: int
+
+
+def server_cpu_s(base: str) -> float:
+    """CPU seconds (user + system) the API process behind ``base`` (a :class:`Served`) used."""
+    times = psutil.Process(base.pid).cpu_times()  # type: ignore[attr-defined]
+    return times.user + times.system
+
+
 @contextmanager
 def serve_api(env: dict) -> Iterator[str]:
     """``burst api`` (one process, as deployed) with ``env`` on a free loopback port, until the
-    block ends: its base URL once ``/healthz`` answers. Stopped with SIGTERM, then killed if it
+    block ends: its base URL (a :class:`Served`) once ``/healthz`` answers. Stopped with SIGTERM, then killed if it
     is still answering slow requests 30 s later."""
     port = _free_port()
     env = {**env, "BURST_API_HOST": "127.0.0.1", "BURST_API_PORT": str(port)}
     proc = subprocess.Popen([sys.executable, "-c", "from orchestrator.cli import main; main()",
                              "api"], env=env, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+    base = Served(f"http://127.0.0.1:{port}")
+    base.pid = proc.pid
     try:
         _wait_ready(base, proc)
         yield base

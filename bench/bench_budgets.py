@@ -20,6 +20,10 @@ Then ``burst api`` (uvicorn, one process, as deployed) under ``--clients`` keep-
 ``--rounds`` rounds of ``GET /healthz`` (the floor: what any answer costs through uvicorn and the
 middleware) then ``GET /v1/budgets``, ``--seconds`` each, so every budgets figure has a floor
 taken just before it. The API runs on the real clock: its month window is the current one.
+Before the rounds, ``--clients`` clients ask for budgets for a second, so the API's database
+connections are open as on a running site. Each round's line ends with the API process's own CPU
+per answer (user + system, read from the process before and after the round) and, on PostgreSQL,
+the local server processes' (backends that end during a round are not counted).
 
 ``--churn [SECONDS]``: while each ``GET /v1/budgets`` round runs, a writer in this process rolls
 up 100 nodes every SECONDS (default 1; a line each, their marks moved to a new instant, so their
@@ -46,6 +50,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import sqlalchemy as sa
 import yaml
 
@@ -55,7 +60,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_report  # noqa: E402
 import bench_scale  # noqa: E402
-from bench_api_load import Route, _quantile, _run, serve_api  # noqa: E402
+from bench_api_load import Route, _quantile, _run, serve_api, server_cpu_s  # noqa: E402
 
 from orchestrator.policy import load_policy_text  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
@@ -146,6 +151,18 @@ class Churn:
             self.writes += 1
 
 
+def _database_cpu_s(store: Store) -> float:
+    """CPU seconds of this machine's PostgreSQL server processes (0 on SQLite): the bench's
+    server is local, so its backends' CPU per answer is the database's share of each."""
+    if store.dialect != "postgresql":
+        return 0.0
+    total = 0.0
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        if (proc.info["name"] or "").startswith("postgres") and proc.info["cpu_times"]:
+            total += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return total
+
+
 def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Namespace) -> None:
     url = store.url if store.dialect == "postgresql" else str(store.engine.url)
     admin, _ = store.create_api_token("admin", [], created_at=datetime.now(UTC),
@@ -155,19 +172,28 @@ def measure_api(store: Store, policy_file: Path, state: str, args: argparse.Name
     with serve_api(bench_scale.cli_env(url, policy_file, state)) as base:
         for _ in range(20):  # warm: first answers import and build what later ones reuse
             _run(base, Route("warm", "GET", "/v1/budgets", auth), 1, 0.01)
+        # ... and as many at once as the rounds send, so the API's connection pool has grown to
+        # what they use (a running site's API has): otherwise the first round's tail is the
+        # database connecting its new sessions.
+        _run(base, Route("warm", "GET", "/v1/budgets", auth), args.clients, 1.0)
         print(f"  API under {args.clients} clients, {args.seconds:g} s per route:")
         for n in range(args.rounds):
             for route in (Route("floor: GET /healthz", "GET", "/healthz", {}),
                           Route("GET /v1/budgets", "GET", "/v1/budgets", auth)):
+                cpu_before, db_before = server_cpu_s(base), _database_cpu_s(store)
                 if churn is not None and route.path == "/v1/budgets":
                     with churn:
                         took = _run(base, route, args.clients, args.seconds)
                 else:
                     took = _run(base, route, args.clients, args.seconds)
+                cpu_ms = (server_cpu_s(base) - cpu_before) * 1000
+                db_ms = (_database_cpu_s(store) - db_before) * 1000
                 ms = [v * 1000 for v in route.latencies]
                 print(f"    round {n + 1} {route.name:22} {len(ms):>6} req "
                       f"{len(ms) / took:>6.0f}/s  p50 {_quantile(ms, 0.50):6.1f} ms  "
-                      f"p99 {_quantile(ms, 0.99):6.1f} ms  errors {len(route.errors)}")
+                      f"p99 {_quantile(ms, 0.99):6.1f} ms  errors {len(route.errors)}  "
+                      f"API CPU {cpu_ms / max(len(ms), 1):.2f} ms/answer"
+                      + (f", PostgreSQL {db_ms / max(len(ms), 1):.2f}" if db_ms else ""))
                 if churn is not None and route.path == "/v1/budgets":
                     now_at = churn.version()
                     moved = ("" if now_at is None or churn.began_at is None else
@@ -231,6 +257,7 @@ def profile(store: Store, policy: object, state: str) -> None:
     import fastapi.routing
     import httpx
 
+    import orchestrator.api.one_hop
     from orchestrator.api import create_app
     from orchestrator.costs.budgets import budget_statuses
     from orchestrator.wiring import Settings, build_runtime
@@ -240,6 +267,7 @@ def profile(store: Store, policy: object, state: str) -> None:
 
     fastapi.routing.run_in_threadpool = inline  # type: ignore[assignment]
     fastapi.dependencies.utils.run_in_threadpool = inline  # type: ignore[assignment]
+    orchestrator.api.one_hop.run_in_threadpool = inline  # type: ignore[assignment]
 
     def show(profiler: cProfile.Profile, what: str) -> None:
         text = io.StringIO()
@@ -249,7 +277,7 @@ def profile(store: Store, policy: object, state: str) -> None:
         print(f"  -- profile: {what}\n" + "\n".join(
             line for line in text.getvalue().splitlines() if line.strip()))
 
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     for _ in range(20):
         budget_statuses(store, [policy], bench_scale.NOW)  # type: ignore[list-item]
@@ -278,7 +306,7 @@ def profile(store: Store, policy: object, state: str) -> None:
                 samples.sort()
                 print(f"  in process, one thread, CPU: {path:12} p50 {samples[25]:6.2f} ms "
                       f"min {samples[0]:.2f} ms")
-            profiler = cProfile.Profile()
+            profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             for _ in range(20):
                 await client.get("/v1/budgets", headers=auth)

@@ -46,22 +46,38 @@ def runtime_of(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def current_token(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
-) -> ApiToken:
-    """The dependency that turns the request's bearer token into its :class:`ApiToken`."""
+async def bearer_secret(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> str:
+    """The request's bearer secret, 401 when it sends none. No I/O, so FastAPI runs it on the
+    event loop; the store's check is :func:`check_secret`."""
     if credentials is None or not credentials.credentials:
         raise Problem(401, "missing token",
                       "send Authorization: Bearer <token> (create one with burst token create)",
                       headers={"WWW-Authenticate": REALM})
+    return credentials.credentials
+
+
+def check_secret(request: Request, secret: str) -> ApiToken:
+    """The :class:`ApiToken` a bearer secret names, 401 unless it is usable (one store read)."""
     runtime = runtime_of(request)
-    token, status = runtime.store.check_api_token(credentials.credentials, runtime.clock.now())
+    token, status = runtime.store.check_api_token(secret, runtime.clock.now())
     if token is None or status != "ok":
         why = {"unknown": "the token is not valid", "revoked": "the token was revoked",
                "expired": "the token has expired"}[status]
         raise Problem(401, "invalid token", why, headers={
             "WWW-Authenticate": f'{REALM}, error="invalid_token", error_description="{why}"'})
     return token
+
+
+Secret = Annotated[str, Depends(bearer_secret)]
+
+
+def current_token(request: Request, secret: Secret) -> ApiToken:
+    """The dependency that turns the request's bearer token into its :class:`ApiToken`. A sync
+    route on a :class:`~orchestrator.api.one_hop.OneHopRoute` router runs the same check in its
+    own worker call instead (one hand-off to the thread pool a request, not two)."""
+    return check_secret(request, secret)
 
 
 Caller = Annotated[ApiToken, Depends(current_token)]
@@ -132,5 +148,6 @@ def invalid(parameter: str, message: str, where: str = "query") -> RequestValida
                                     "type": "value_error"}])
 
 
-__all__ = ["REALM", "Caller", "bearer", "current_token", "runtime_of", "invalid", "parse_projects",
-           "parse_users", "project_scope", "require_role"]
+__all__ = ["REALM", "Caller", "Secret", "bearer", "bearer_secret", "check_secret", "current_token",
+           "invalid", "parse_projects", "parse_users", "project_scope", "require_role",
+           "runtime_of"]

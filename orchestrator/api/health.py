@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from orchestrator.api.auth import Caller, require_role
 from orchestrator.api.metrics import registry_for
+from orchestrator.api.one_hop import OneHopRoute
 from orchestrator.api.problems import Problem
 from orchestrator.store.migrate import head_revision
 from orchestrator.wiring import Runtime
@@ -54,7 +55,7 @@ def broker_problem(url: str, timeout: float = BROKER_TIMEOUT_S) -> str | None:
 
 
 def router(runtime: Runtime, broker_url: str | None = None) -> APIRouter:
-    api = APIRouter()
+    api = APIRouter(route_class=OneHopRoute)
     registry = registry_for(runtime)
     head = head_revision()
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from orchestrator.api.auth import Caller, invalid, parse_projects, parse_users, project_scope
+from orchestrator.api.one_hop import OneHopRoute
 from orchestrator.api.v1 import NAME_PATTERN, NameQuery, ProjectQuery, UserQuery, iso, parse_time
 from orchestrator.wiring import Runtime
 
@@ -61,7 +62,7 @@ def wants_csv(request: Request) -> bool:
 
 
 def router(runtime: Runtime) -> APIRouter:
-    api = APIRouter(prefix="/v1", tags=["costs"])
+    api = APIRouter(prefix="/v1", tags=["costs"], route_class=OneHopRoute)
 
     @api.get("/costs", responses={200: {"content": {"application/json": {}, CSV: {}},
                                         "description": "The report, JSON or CSV."}})

@@ -37,6 +37,7 @@ from orchestrator.api.auth import (
     project_scope,
     require_role,
 )
+from orchestrator.api.one_hop import OneHopRoute
 from orchestrator.api.problems import Problem
 from orchestrator.api.usage_metrics import job_flagged, node_flagged
 from orchestrator.domain.jobs import USER_RE, JobState
@@ -223,7 +224,7 @@ class JobIn(BaseModel):
 
 
 def router(runtime: Runtime) -> APIRouter:
-    api = APIRouter(prefix="/v1")
+    api = APIRouter(prefix="/v1", route_class=OneHopRoute)
 
     @api.get("/nodes", tags=["nodes"], response_model=NodesOut)
     def list_nodes(

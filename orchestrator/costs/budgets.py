@@ -21,7 +21,6 @@ from orchestrator.costs.spend import WindowSpend
 from orchestrator.planner.budgets import (
     MICRO,
     grade_in_force,
-    in_scope,
     outstanding_of,
     used_percent,
     window_bounds,
@@ -107,15 +106,27 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
         commits[group] = commits.get(group, Decimal(0)) + outstanding_of(
             node.state, node.budget_commit_usd, node.price_usd_hour, node.created_at, now)
     groups = sorted(burns.keys() | commits.keys(), key=lambda g: (g[0], g[1] is None, g[1] or ""))
+    # Each pool's burn and commitments summed once, over its groups in the order above (the
+    # order a budget's scope sums them in, so the Decimals are the same to the last digit): a
+    # pool-wide budget reads its pool's, a project budget its one group's.
+    pool_burns: dict[str, Decimal] = {}
+    pool_commits: dict[str, Decimal] = {}
+    for g in groups:
+        pool_burns[g[0]] = pool_burns.get(g[0], Decimal(0)) + burns.get(g, Decimal(0))
+        pool_commits[g[0]] = pool_commits.get(g[0], Decimal(0)) + commits.get(g, Decimal(0))
     out = []
     for policy in policies:
         pool = policy.pool.name
         for budget in policy.budgets:
             start, end = windows[(policy.name, budget.name)]
             spent = spent_in(since=start, until=end, pool=pool, project=budget.project)
-            scope = [g for g in groups if in_scope(budget, pool, g[0], g[1])]
-            burn = sum((burns.get(g, Decimal(0)) for g in scope), Decimal(0))
-            committed = sum((commits.get(g, Decimal(0)) for g in scope), Decimal(0))
+            if budget.project is None:  # (the budget's scope: in_scope)
+                burn = pool_burns.get(pool, Decimal(0))
+                committed = pool_commits.get(pool, Decimal(0))
+            else:
+                group = (pool, budget.project)
+                burn = Decimal(0) + burns.get(group, Decimal(0))
+                committed = Decimal(0) + commits.get(group, Decimal(0))
             used = spent + committed
             left_s = max(Decimal(str((end - max(now, start)).total_seconds())), Decimal(0))
             percent = used_percent(used, budget.limit_usd)

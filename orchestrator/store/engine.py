@@ -7,10 +7,21 @@ makes a writer wait for the lock instead of failing, and write transactions open
 writes can fail outright with "database is locked" when another writer got there first, since
 SQLite cannot upgrade its read lock without risking deadlock; taking the write lock at BEGIN
 turns that into an orderly queue.
+
+PostgreSQL connections are pinged before use only when they sat idle in the pool for more than
+:data:`PG_PING_IDLE_S` (:func:`ping_when_idle`), not at every checkout as SQLAlchemy's
+``pool_pre_ping`` does: under load a pooled connection is checked out again within milliseconds,
+and a ping at every checkout was one round trip in five of a ``/v1/budgets`` answer
+(docs/performance.md). A connection that sat idle (the controller's, between ticks) is pinged as
+before, so a server restarted meanwhile costs no statement. One used within the last second is
+trusted: if the server restarted in that second, the statement fails as one in flight at the
+restart would, SQLAlchemy invalidates the whole pool on that disconnect, and the next checkout
+connects afresh ("optimistic" handling in SQLAlchemy's terms; tests/integration/test_pg_ping.py).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +42,9 @@ DEFAULT_DB_NAME = "burst.db"
 # at once, so a worker that runs one task at a time still holds one connection.
 PG_POOL_SIZE = 12
 PG_MAX_OVERFLOW = 20
+# A PostgreSQL connection idle in the pool longer than this is pinged before use (module docstring).
+PG_PING_IDLE_S = 1.0
+_IDLE_SINCE = "burst_idle_since"  # connection record info: when it went back to the pool
 
 
 def default_sqlite_url(state_dir: Path) -> str:
@@ -74,7 +88,35 @@ def make_engine(url: str | URL, *, read_only: bool = False) -> Engine:
     kwargs: dict[str, Any] = {"pool_size": PG_POOL_SIZE, "max_overflow": PG_MAX_OVERFLOW}
     if read_only:
         kwargs["connect_args"] = {"options": "-c default_transaction_read_only=on"}
-    return sa.create_engine(parsed, pool_pre_ping=True, json_serializer=json_dumps, **kwargs)
+    engine = sa.create_engine(parsed, json_serializer=json_dumps, **kwargs)
+    ping_when_idle(engine)
+    return engine
+
+
+def ping_when_idle(engine: Engine, idle_s: float | None = None) -> None:
+    """Ping ``engine``'s pooled connections at checkout only when they sat idle for more than
+    ``idle_s`` (default :data:`PG_PING_IDLE_S`, read at each checkout); a connection that does not
+    answer invalidates the pool (as ``pool_pre_ping`` does), and the pool connects afresh."""
+    dialect = engine.dialect
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop(_IDLE_SINCE, None)
+        limit = PG_PING_IDLE_S if idle_s is None else idle_s
+        if since is None or time.monotonic() - since <= limit:
+            return  # new (just connected), or back in the pool moments ago
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            # The pool retries the checkout on a fresh connection, and drops the others made
+            # before now (the server they were made to is gone).
+            raise sa.exc.InvalidatePoolError(f"ping after {time.monotonic() - since:.0f} s idle: "
+                                             f"{type(exc).__name__}") from exc
 
 
 def write_engine(engine: Engine) -> Engine:

@@ -132,6 +132,11 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z") if moment is not None else None
 
 
+# The check's one statement, built once (``token_hash`` bound): on every API request, building
+# the select cost about as much as the store's round trip to run it.
+_BY_HASH = sa.select(T.api_tokens).where(T.api_tokens.c.token_hash == sa.bindparam("token_hash"))
+
+
 def _token_from_row(row: sa.Row[Any]) -> ApiToken:
     m = row._mapping
     projects = (m["projects"] or {}).get("projects", [])
@@ -201,7 +206,7 @@ class ApiTokens(StoreBase):
         given = hash_api_token(secret)
         c = T.api_tokens.c
         with self._peek() as conn:  # one statement, on every request: no BEGIN/COMMIT
-            row = conn.execute(sa.select(T.api_tokens).where(c.token_hash == given)).first()
+            row = conn.execute(_BY_HASH, {"token_hash": given}).first()
         if row is None or not hmac.compare_digest(row._mapping["token_hash"], given):
             return None, "unknown"
         token = _token_from_row(row)
