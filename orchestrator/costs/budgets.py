@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.costs.attribution import rate
 from orchestrator.costs.ledger import DEFAULT_BILLING
@@ -27,6 +27,9 @@ from orchestrator.planner.budgets import (
 )
 from orchestrator.policy.models import Policy
 from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    from orchestrator.store.accrual_table import ReachGroupSet
 
 _HOUR_S = Decimal(3600)
 
@@ -96,24 +99,20 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
     # The groups' accrual as columns, built once per version of the groups and kept with them.
     spent_in = WindowSpend(store, now, read.accrual, read.lines,
                            table=read.groups.table(rate, DEFAULT_BILLING))
-    burns: dict[tuple[str, str | None], Decimal] = {}
+    # The live nodes' burn per (pool, project) and per pool, kept with the groups (it changes
+    # only when they do).
+    burns, pool_burns = read.groups.derived("budget_burns", _burns)
     commits: dict[tuple[str, str | None], Decimal] = {}
-    for pool, project, price, count in read.live:
-        group = (pool, project)
-        burns[group] = burns.get(group, Decimal(0)) + Decimal(str(price)) * count
     for node in read.commits:
         group = (node.pool, node.project)
         commits[group] = commits.get(group, Decimal(0)) + outstanding_of(
             node.state, node.budget_commit_usd, node.price_usd_hour, node.created_at, now)
-    groups = sorted(burns.keys() | commits.keys(), key=lambda g: (g[0], g[1] is None, g[1] or ""))
-    # Each pool's burn and commitments summed once, over its groups in the order above (the
-    # order a budget's scope sums them in, so the Decimals are the same to the last digit): a
-    # pool-wide budget reads its pool's, a project budget its one group's.
-    pool_burns: dict[str, Decimal] = {}
+    # Each pool's commitments summed once, over its groups in their order (the order a budget's
+    # scope summed them in, so the Decimals are the same to the last digit): a pool-wide budget
+    # reads its pool's, a project budget its one group's.
     pool_commits: dict[str, Decimal] = {}
-    for g in groups:
-        pool_burns[g[0]] = pool_burns.get(g[0], Decimal(0)) + burns.get(g, Decimal(0))
-        pool_commits[g[0]] = pool_commits.get(g[0], Decimal(0)) + commits.get(g, Decimal(0))
+    for g in sorted(commits, key=_group_order):
+        pool_commits[g[0]] = pool_commits.get(g[0], Decimal(0)) + commits[g]
     out = []
     for policy in policies:
         pool = policy.pool.name
@@ -142,6 +141,24 @@ def budget_statuses(store: Store, policies: Iterable[Policy], now: datetime) -> 
                 grade=str(grade.action) if grade is not None else None,
             ))
     return out
+
+
+def _group_order(group: tuple[str, str | None]) -> tuple[str, bool, str]:
+    return group[0], group[1] is None, group[1] or ""
+
+
+def _burns(groups: ReachGroupSet) -> tuple[dict[tuple[str, str | None], Decimal],
+                                           dict[str, Decimal]]:
+    """The live nodes' hourly prices summed per (pool, project), and per pool over its
+    (pool, project)s in :func:`_group_order`."""
+    burns: dict[tuple[str, str | None], Decimal] = {}
+    for pool, project, price, count in groups.live:
+        group = (pool, project)
+        burns[group] = burns.get(group, Decimal(0)) + Decimal(str(price)) * count
+    pools: dict[str, Decimal] = {}
+    for group in sorted(burns, key=_group_order):
+        pools[group[0]] = pools.get(group[0], Decimal(0)) + burns[group]
+    return burns, pools
 
 
 def _iso(moment: datetime) -> str:

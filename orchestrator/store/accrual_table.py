@@ -120,7 +120,7 @@ class ReachGroupSet:
     parsed once: the accrual groups, the live nodes' price counts, and the accrual tables built
     from them (:meth:`table`), kept by the store until the version moves."""
 
-    __slots__ = ("version", "accrual", "live", "_tables")
+    __slots__ = ("version", "accrual", "live", "_tables", "_derived")
 
     def __init__(self, version: int | None, accrual: list[AccrualGroup],
                  live: list[tuple[str, str | None, float, int]]) -> None:
@@ -128,6 +128,17 @@ class ReachGroupSet:
         self.accrual = accrual
         self.live = live
         self._tables: dict[Any, AccrualTable] = {}
+        self._derived: dict[str, Any] = {}
+
+    def derived(self, name: str, build: Callable[[ReachGroupSet], Any]) -> Any:
+        """``build(self)``, worked out on the first call for ``name`` and kept with the groups
+        (a caller's sums of them: the live nodes' burn per project, say). What it returns is
+        shared by every later caller until the version moves: read it, never change it. A race
+        of two threads builds it twice, the same."""
+        value = self._derived.get(name)
+        if value is None:
+            value = self._derived[name] = build(self)
+        return value
 
     def table(self, rate: Callable[[float], Fraction], billing: BillingRule) -> AccrualTable:
         """The accrual groups' :class:`AccrualTable`, built on the first call (a race of two
