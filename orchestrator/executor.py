@@ -122,7 +122,20 @@ class Executor:
             self.store.add_decision(decision)
         for policy, memory in plan.memory.items():
             self.store.save_memory(policy, memory)
+        self._order_onprem(plan)
         return self.run(plan.actions)
+
+    def _order_onprem(self, plan: Plan) -> None:
+        """Hand each decision's on-prem order (``trigger.onprem_order``) to the fabric, which
+        has the on-prem scheduler start the kept jobs in it (Slurm: their nice; best effort:
+        a Slurm that cannot take it now is logged there, and the plan's actions go on)."""
+        apply = getattr(self.fabric, "order_onprem", None)
+        if apply is None:
+            return
+        for decision in plan.decisions:
+            policy = self.policies.get(decision.policy)
+            if decision.onprem_order and policy is not None:
+                apply(policy, decision.onprem_order)
 
     def run(self, actions: Iterable[Action]) -> ExecutionReport:
         report = ExecutionReport()

@@ -156,6 +156,12 @@ class Decision:
     # limits held back by. None: no claim (plan at the next tick). A statement about the
     # decision, not part of it: left out of its repr and equality, so decisions compare as before.
     holds_until: datetime | None = field(default=None, repr=False, compare=False)
+    # The order the wait-aware rule kept its deferred jobs in for on-prem (job ids; the first of
+    # them is to start first), for the on-prem scheduler to apply (``trigger.onprem_order:
+    # longest-first``; () otherwise). The record lists its first ids
+    # (``inputs.wait_aware.onprem_order``); the whole order is an instruction, not part of the
+    # decision's identity: left out of its repr and equality, as ``holds_until``.
+    onprem_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def last_seen(self) -> datetime:

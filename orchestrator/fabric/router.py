@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.domain.nodes import Node
 from orchestrator.domain.ports import Fabric
+from orchestrator.policy.models import Policy
 
 
 class FabricRouter:
@@ -33,6 +34,13 @@ class FabricRouter:
 
     def for_node(self, node: Node) -> Fabric:
         return self.by_policy.get(node.policy, self.default)
+
+    def order_onprem(self, policy: Policy, order: tuple[str, ...]) -> int:
+        """The policy's fabric's ``order_onprem`` (the on-prem order of the jobs it keeps), where
+        that fabric has one (Slurm); 0 elsewhere."""
+        fabric = self.by_policy.get(policy.name, self.default)
+        apply = getattr(fabric, "order_onprem", None)
+        return apply(policy, order) if apply is not None else 0
 
     def request_release(self, node: Node, deadline: datetime) -> None:
         self.for_node(node).request_release(node, deadline)

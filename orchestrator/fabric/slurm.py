@@ -32,9 +32,13 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.fabric.onprem_order import base_id, nice_values
 from orchestrator.policy.fabric import SlurmJoinMode
 from orchestrator.policy.models import Policy
-from orchestrator.sources.slurm import slurm_scope  # the queue source observes runs per scope
+from orchestrator.sources.slurm import (  # the queue source observes runs per scope
+    in_partition,
+    slurm_scope,
+)
 from orchestrator.sources.slurm_cli import (
     UNUSABLE_NODE_FLAGS,
     USABLE_NODE_STATES,
@@ -72,6 +76,7 @@ class SlurmFabric:
         self.clock = clock
         self._cli_factory = cli_factory
         self._clis: dict[str | None, SlurmCli] = {}
+        self._raised: dict[str, set[str]] = {}  # policy -> jobs its last on-prem order raised
 
     def cli(self, policy: Policy) -> SlurmCli:
         conf = policy.queue.slurm_conf
@@ -144,6 +149,34 @@ class SlurmFabric:
     def slurm_name(self, node: Node) -> str | None:
         member = self.store.fabric_member(node.id)
         return None if member is None else member.name
+
+    # -- the on-prem order (trigger.onprem_order) ----------------------------------------------
+    def order_onprem(self, policy: Policy, order: tuple[str, ...]) -> int:
+        """Have Slurm start the jobs the policy keeps for on-prem in ``order`` (first first):
+        their nice set so their priorities come first, in that order
+        (:mod:`orchestrator.fabric.onprem_order`). Returns how many jobs were updated."""
+        if not order:
+            return 0
+        cli = self.cli(policy)
+        partition = policy.queue.partition
+        raised = self._raised.setdefault(policy.name, set())
+        try:
+            pending = {str(job.get("job_id")): job for job in cli.jobs()
+                       if job.get("job_state") == "PENDING" and in_partition(job, partition)}
+            changes = nice_values(pending, order, raised)
+            for job_id, nice in changes.items():
+                cli.set_nice(job_id, nice)
+        except SlurmError as exc:
+            # Best effort: the order only steers which kept job starts first; the next plan's
+            # order is applied afresh (what was set stays, what was not is set then).
+            log.warning("policy %s: the on-prem order was not applied: %s", policy.name, exc)
+            return 0
+        raised.clear()
+        raised.update(base_id(job_id) for job_id in order if base_id(job_id) in pending)
+        if changes:
+            log.info("policy %s: %d job(s) reordered for on-prem (%d kept, first %s)",
+                     policy.name, len(changes), len(order), order[0])
+        return len(changes)
 
     # -- Fabric port ---------------------------------------------------------------------------
     def request_release(self, node: Node, deadline: datetime) -> None:

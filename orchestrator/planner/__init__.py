@@ -419,6 +419,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         held_back_by=held_back,
         actions=tuple(_describe(a) for a in actions),
         holds_until=holds,
+        onprem_order=split.onprem_order if split is not None else (),
     )
     return actions, decision, memory
 
@@ -480,7 +481,7 @@ def _split(unmet: Sequence[Job], onprem_absorbed: tuple[Job, ...], queue: PoolQu
         due[picked] = True
     return WaitSplit(unmet.where(due), split.deferred, split.waiting, split.earliest_burst_at,
                      boot=split.boot, model=split.model, displaced=split.displaced,
-                     margin=split.margin, holds_s=split.holds_s)
+                     margin=split.margin, holds_s=split.holds_s, onprem_order=split.onprem_order)
 
 
 def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot: Snapshot,
@@ -523,8 +524,9 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
         # the first deadline among those still waiting (the same lead for every job)
         lead = split.earliest_burst_at - min(j.submitted_at for j in split.waiting)
         earliest = min(deadlines) + lead
+    order = tuple(i for i in split.onprem_order if i not in early_ids)
     return replace(split, due=due, waiting=left, deferred=deferred, earliest_burst_at=earliest,
-                   spot_early=len(early) - len(last), spot_last_room=len(last),
+                   onprem_order=order, spot_early=len(early) - len(last), spot_last_room=len(last),
                    holds_s=0.0)  # (its odds read the clock: no claim)
 
 

@@ -41,7 +41,7 @@ starts the simulation holds from ``now``) would move with the clock: then no cla
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -53,9 +53,10 @@ from orchestrator.domain.snapshot import PoolQueue
 from orchestrator.planner.boot import BootChoice
 from orchestrator.planner.spare_room import KeptOnPrem
 from orchestrator.planner.wait_nodes import node_space_problem, split_on_nodes
-from orchestrator.policy.models import Policy, WaitModel
+from orchestrator.policy.models import OnPremOrder, Policy, WaitModel
 
 STEP_S = 60.0  # resolution of the simulated on-prem schedule
+ORDER_RECORDED = 20  # ids of the on-prem order the decision record lists (the first ones)
 TICK_S = 60.0  # the margin before a deadline at which a late job becomes due (one planner tick)
 
 
@@ -77,6 +78,9 @@ class WaitSplit:
     # same way (inf: for ever; 0: no claim): see "Until when the split holds" above.
     holds_s: float = math.inf
     spare: KeptOnPrem | None = None  # trigger.spare_room: the deferred jobs kept off spare room
+    # trigger.onprem_order: longest-first: the deferred jobs' ids in the order the model kept
+    # them for on-prem (the order the on-prem scheduler is asked to start them in); () otherwise
+    onprem_order: tuple[str, ...] = ()
 
     def inputs(self, policy: Policy) -> dict:
         trigger = policy.trigger
@@ -104,6 +108,13 @@ class WaitSplit:
         if policy.spot.by_expected_cost and policy.spot.max_slo_miss_odds is not None:
             out["spot_early_jobs"] = self.spot_early
             out["spot_last_room_jobs"] = self.spot_last_room
+        if trigger.onprem_order is OnPremOrder.LONGEST_FIRST:
+            out["onprem_order"] = {
+                "order": str(trigger.onprem_order),
+                "applied": self.model == "nodes",  # (the pooled model standing in keeps submit)
+                "jobs": len(self.onprem_order),
+                "first": list(self.onprem_order[:ORDER_RECORDED]),
+            }
         if trigger.spare_room.enabled:
             out["spare_room"] = (self.spare.inputs() if self.spare is not None
                                  else KeptOnPrem((), (), trigger.spare_room.max_extension).inputs())
@@ -122,8 +133,9 @@ class WaitSplit:
             parts.append(f"{self.spot_last_room} deferred job(s) burst on spot in their last tick "
                          "of room for a restart and a relaunch (spot.max_slo_miss_odds)")
         if self.deferred:
+            order = ", kept longest first" if self.onprem_order else ""
             parts.append(f"{len(self.deferred)} unmet job(s) deferred to on-prem "
-                         "(predicted to start within wait_slo)")
+                         f"(predicted to start within wait_slo{order})")
         if self.spare is not None and self.spare.kept:
             parts.append(self.spare.text())
         if self.waiting:
@@ -220,11 +232,17 @@ def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQ
     """The split with on-prem starts predicted node by node (:mod:`.wait_nodes`): ``deadlines``
     are the on-prem bounds, ``launch_by`` the launch deadlines (from now, in s)."""
     ahead = [i for i, past in enumerate(late) if not past]
+    longest = policy.trigger.onprem_order is OnPremOrder.LONGEST_FIRST
+    if longest:
+        ahead = longest_first(ahead, unmet, policy)
     jobs = [unmet[i] for i in ahead]
     displacement = policy.trigger.displacement if policy.trigger.displacement.enabled else None
     rules = rules or NodeRules(None, lambda job: None)
     result = split_on_nodes(jobs, [deadlines[i] for i in ahead], absorbed, queue, now,
                             rules.burst_width, displacement, rules.cloud_cost)
+    # The model's order of the jobs kept for on-prem (their positions in ``jobs``, which
+    # longest-first sorted) is the order the on-prem scheduler is asked to start them in.
+    order = tuple(jobs[k].id for k in result.deferred) if longest else ()
     due_at = [ahead[k] for k in result.displaced]  # burst now: out of the on-prem queue soonest
     waiting_at: list[int] = []
     earliest: float | None = None
@@ -240,9 +258,34 @@ def _split_nodes(unmet: tuple[Job, ...], absorbed: tuple[Job, ...], queue: PoolQ
     due_at.sort()
     at = None if earliest is None else now + timedelta(seconds=earliest)
     holds = result.holds_s if earliest is None else min(result.holds_s, earliest)
-    return WaitSplit(tuple(unmet[i] for i in due_at), tuple(jobs[k] for k in result.deferred),
+    deferred = sorted(ahead[k] for k in result.deferred)  # back in scheduling order
+    return WaitSplit(tuple(unmet[i] for i in due_at), tuple(unmet[i] for i in deferred),
                      tuple(unmet[i] for i in waiting_at), at, boot=boot, model="nodes",
-                     displaced=tuple(result.records), margin=margin, holds_s=holds)
+                     displaced=tuple(result.records), margin=margin, holds_s=holds,
+                     onprem_order=order)
+
+
+def longest_first(positions: list[int], jobs: Sequence[Job], policy: Policy) -> list[int]:
+    """``positions`` (into ``jobs``, in scheduling order) in the ``longest-first`` order: by
+    project priority (the policy's), then the longest expected runtime first; a job of unknown
+    runtime after those of its class that have one (the model holds its GPUs for ever, so placed
+    first it would keep every other job off on-prem). Ties keep the scheduling order: the sort is
+    stable. A job's own priority is not a class here: Slurm's differs from job to job (it is how
+    ``priority/basic`` keeps submit order), so as a class it would leave nothing to reorder."""
+    priority = policy.project_priority
+    ranks: dict[str | None, int] = {}
+
+    def key(i: int) -> tuple:
+        job = jobs[i]
+        project = job.project
+        rank = ranks.get(project)
+        if rank is None:
+            rank = ranks[project] = (priority(project) if project is not None
+                                     else policy.default_project_priority)
+        runtime = job.duration_s
+        return (-rank, runtime is None, -(runtime or 0.0))
+
+    return sorted(positions, key=key)
 
 
 def onprem_margin(policy: Policy, queue: PoolQueue) -> timedelta | None:

@@ -67,6 +67,15 @@ class WaitModel(StrEnum):
     NODES = "nodes"  # node by node with Slurm's backfill model (orchestrator/planner/backfill.py)
 
 
+class OnPremOrder(StrEnum):
+    """In which order the wait-aware rule keeps queued jobs for on-prem (``trigger.onprem_order``)."""
+
+    SUBMIT = "submit"  # the scheduling order: priority, then oldest first
+    # within each project priority, the longest expected runtime first: short jobs are the ones
+    # that go to the cloud when not all fit, and the on-prem scheduler is told the order
+    LONGEST_FIRST = "longest-first"
+
+
 class Displacement(PolicyModel):
     """Which jobs to burst: when a queued job would miss its SLO
     on-prem, burst a few cheaper queued jobs ahead of it instead, so it keeps its on-prem start."""
@@ -220,6 +229,14 @@ class Trigger(PolicyModel):
         description="Which jobs to burst: displace cheaper queued jobs so that a dearer one keeps "
         "its on-prem start (needs wait_slo and wait_model: nodes).",
     )
+    onprem_order: OnPremOrder = Field(
+        default=OnPremOrder.SUBMIT,
+        description="In which order the wait-aware rule keeps queued jobs for on-prem: submit "
+        "(priority, then oldest first) or longest-first (within each project priority, the "
+        "longest expected runtime first, so the jobs that go to the cloud when not all can start on-prem "
+        "within wait_slo are the short ones; the decision carries the order for the on-prem "
+        "scheduler to apply; needs wait_slo and wait_model: nodes).",
+    )
     spare_room: SpareRoom = Field(
         default_factory=SpareRoom,
         description="Which jobs may take a burst node's spare room: the jobs kept for on-prem "
@@ -237,6 +254,10 @@ class Trigger(PolicyModel):
         if self.displacement.enabled and (self.wait_slo is None
                                           or self.wait_model is not WaitModel.NODES):
             raise field_problem("displacement", "enabled needs wait_slo set and wait_model: nodes")
+        if self.onprem_order is OnPremOrder.LONGEST_FIRST and (
+                self.wait_slo is None or self.wait_model is not WaitModel.NODES):
+            raise field_problem("onprem_order", "longest-first needs wait_slo set and "
+                                "wait_model: nodes")
         if self.spare_room.enabled and self.wait_slo is None:
             raise field_problem("spare_room", "enabled needs wait_slo set (the jobs it keeps are "
                                 "those the wait-aware rule keeps queued for on-prem)")

@@ -16,6 +16,12 @@ affects the jobs behind it is the :class:`Backfill` rule:
 * ``slurm``: Slurm's main scheduler at every event, and its backfill pass (the shared model,
   :mod:`orchestrator.planner.backfill`) at most every ``bf_interval_s``.
 
+Under ``easy``, the jobs the last plan kept for on-prem in its order (``trigger.onprem_order:
+longest-first``, handed over as the fabric's ``order_onprem``) come first, in that order, as
+Slurm starts them once burst has raised their priority (:mod:`orchestrator.fabric.onprem_order`):
+their heap's keys sort ahead of every other job's. A new order replaces the last; an empty one
+changes nothing. ``slurm`` and ``first-fit`` do not read it.
+
 Doing the easy scan job by job would cost O(queue) per event. Whether a job can start depends
 only on its width (and, under a reservation, on whether it ends by ``S``), so the scan looks only
 at the first pending job of each width: the best such head that can start is started, and that
@@ -33,7 +39,7 @@ import math
 from enum import StrEnum
 
 from orchestrator.planner.backfill import NodeSpace, PendingJob, backfill_pass
-from orchestrator.sim.simjob import SimJob, live_head
+from orchestrator.sim.simjob import PENDING, SimJob, live_head
 
 
 class Backfill(StrEnum):
@@ -45,31 +51,57 @@ class Backfill(StrEnum):
 
 
 
+def _entry_key(item: tuple) -> tuple:
+    """The scheduling key of a (queue entry, its heap) pair."""
+    return item[0][0]
+
+
 class OnPremFill:
     """The on-prem fills of the world (module docstring)."""
+
+    def keep_order(self, ids: tuple[str, ...]) -> None:
+        """The order the last plan kept its deferred jobs in for on-prem (``trigger.onprem_order:
+        longest-first``; module docstring): under ``easy`` they are taken first, in that order,
+        as Slurm takes jobs whose priority burst raised in that order."""
+        if not ids or ids == self._order_ids:
+            return  # (an empty order changes nothing: raised priorities stay until jobs start)
+        self._order_ids = ids
+        by_id = self._by_id
+        kept = []
+        for rank, job_id in enumerate(ids):
+            job = by_id.get(job_id)
+            if job is not None and job.state == PENDING:
+                kept.append(((-math.inf, rank), job.attempt, job))
+        self._order_heap = kept  # already in heap order (ranks ascending)
 
     def _fill_reserving(self, now: float, started: list[SimJob]) -> None:
         """Fill on-prem under the ``easy`` rule (module docstring)."""
         pool = self.onprem
-        queues = self._all
+        queues = list(self._all.values())
+        if self._order_heap:
+            queues.append(self._order_heap)  # the kept order's jobs, ahead of every other key
         blocked = None  # the first job in order that does not fit: (its key, S, reserved nodes)
         while pool.free_total:
-            heads = [head for head in map(live_head, queues.values()) if head is not None]
+            heads = []
+            for heap in queues:
+                head = live_head(heap)
+                if head is not None:
+                    heads.append((head, heap))
             if not heads:
                 return
             if blocked is None:
-                first = min(heads)
+                first, heap = min(heads, key=_entry_key)
                 job = first[2]
                 alloc = pool.place(job.gpus)
                 if alloc is not None:
-                    heapq.heappop(queues[job.gpus])
+                    heapq.heappop(heap)
                     self._start(job, alloc, "onprem", now)
                     started.append(job)
                     continue
                 blocked = (first[0], *self._reservation(job, now))
             key, until, reserved = blocked
             best = None
-            for entry in heads:
+            for entry, heap in heads:
                 job = entry[2]
                 if (entry[0] == key or job.gpus > pool.free_total
                         or (best is not None and entry[0] >= best[0][0])):
@@ -77,12 +109,12 @@ class OnPremFill:
                 ends_in_time = now + job.run_s <= until
                 alloc = pool.find(job.gpus, frozenset() if ends_in_time else reserved)
                 if alloc is not None:
-                    best = (entry, alloc)
+                    best = (entry, alloc, heap)
             if best is None:
                 return
-            entry, alloc = best
+            entry, alloc, heap = best
             job = entry[2]
-            heapq.heappop(queues[job.gpus])
+            heapq.heappop(heap)
             pool.take(alloc)
             self._start(job, alloc, "onprem", now)
             started.append(job)

@@ -177,6 +177,11 @@ class SlurmCli:
             argv.append("--batch")
         self.run(*argv, str(job_id))
 
+    def set_nice(self, job_id: str | int, nice: int) -> None:
+        """Adjust a pending job's priority by ``-nice`` (``scontrol update nice=``; a negative
+        nice needs an operator, as burst's controller is)."""
+        self.run("scontrol", "update", f"jobid={job_id}", f"nice={nice}")
+
     def requeue(self, job_id: str | int) -> None:
         """Requeue the job: it is killed and goes back to PENDING once it has left its node.
         Slurm then holds it (reason BeginTime) for about 2 minutes: see :meth:`lift_hold`."""

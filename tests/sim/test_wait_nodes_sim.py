@@ -38,6 +38,26 @@ def test_displacement_bursts_the_small_job_so_the_wide_one_starts_on_prem() -> N
     assert _cost(moved) < _cost(plain) / 4
 
 
+def test_longest_first_keeps_the_long_job_on_prem_and_the_world_follows() -> None:
+    # One 8-GPU node busy 10 minutes; an 8-GPU one-hour job queues, then an 8-GPU ten-hour one.
+    # In submit order the short job takes the node and the long one is burst for ten hours;
+    # longest first, the long one is kept and the on-prem scheduler is told to start it first.
+    jobs = trace(("busy", 0, 600, 8), ("short", 60, 3600, 8), ("long", 120, 36_000, 8))
+    offerings = [OFFERINGS[1]]
+
+    def run(**trigger):
+        policy = sim_policy(offerings=offerings, trigger={
+            "wait_slo": "30m", "expected_boot": "2m", "wait_model": "nodes", **trigger})
+        return run_with(lambda p: PolicyController(p, "t"), policy, jobs)
+
+    plain = run()
+    assert (job(plain, "short").where, job(plain, "long").where) == ("onprem", "burst")
+    kept = run(onprem_order="longest-first")
+    assert (job(kept, "short").where, job(kept, "long").where) == ("burst", "onprem")
+    assert job(kept, "long").wait_s < 1800 and job(kept, "short").wait_s < 1800
+    assert _cost(kept) < _cost(plain) / 5
+
+
 def test_the_run_learns_boots_from_its_nodes_only_when_asked() -> None:
     assert _run().boot_learner is None
     engine = _run(learn_boot=True)

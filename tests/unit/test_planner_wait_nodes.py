@@ -156,8 +156,8 @@ def test_the_policy_refuses_displacement_without_the_node_model() -> None:
                           st.integers(60, 7200)), min_size=1, max_size=12),
        st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(0, 120)),
                 max_size=8),
-       st.booleans())
-def test_every_unmet_job_lands_in_exactly_one_bucket(specs, runs, displace) -> None:
+       st.booleans(), st.sampled_from(["submit", "longest-first"]))
+def test_every_unmet_job_lands_in_exactly_one_bucket(specs, runs, displace, onprem_order) -> None:
     jobs = tuple(make_job(f"j{i}", gpus=g, wait=w * M, duration_s=d)
                  for i, (g, w, d) in enumerate(specs))
     held = [0] * 4
@@ -168,7 +168,8 @@ def test_every_unmet_job_lands_in_exactly_one_bucket(specs, runs, displace) -> N
             held[node] += gpus
             releases.append((node, gpus, T0 + end * M))
     snapshot = _snapshot(jobs, [4 - h for h in held], releases)
-    policy = _policy(nodes=4, wait_model="nodes", displacement={"enabled": displace})
+    policy = _policy(nodes=4, wait_model="nodes", displacement={"enabled": displace},
+                     onprem_order=onprem_order)
     queue = snapshot.queues[POOL]
     rules = NodeRules(8, cheapest_cost([(1, 1.0), (8, 32.0)]))
     split = split_unmet(jobs, (), queue, policy, T0, rules=rules)
@@ -179,7 +180,74 @@ def test_every_unmet_job_lands_in_exactly_one_bucket(specs, runs, displace) -> N
         assert [order[j.id] for j in bucket] == sorted(order[j.id] for j in bucket)
     due = {j.id for j in split.due}
     assert all(r["job"] in due for r in split.displaced)
+    # The on-prem order (longest-first only) lists exactly the deferred jobs, longest first.
+    if onprem_order == "submit":
+        assert split.onprem_order == ()
+    else:
+        assert sorted(split.onprem_order) == sorted(j.id for j in split.deferred)
+        runtimes = {j.id: j.duration_s for j in jobs}
+        listed = [runtimes[i] for i in split.onprem_order]
+        assert listed == sorted(listed, reverse=True)
     assert not displace or len(split.displaced) <= policy.trigger.displacement.max_displaced * 8
+
+
+def _order_case():
+    """One 4-GPU node busy for 10 minutes; a one-hour 4-GPU job queued 5 minutes, then a ten-hour
+    one queued 2: only one of them can start on-prem within the SLO (at +10m)."""
+    short = make_job("short", gpus=4, wait=5 * M, duration_s=3600)
+    long = make_job("long", gpus=4, wait=2 * M, duration_s=36_000)
+    return _snapshot([short, long], [0], [(0, 4, T0 + 10 * M)])
+
+
+def test_longest_first_keeps_the_long_job_on_prem_and_bursts_the_short_one() -> None:
+    snapshot = _order_case()
+    offerings = [offering_spec("g4", gpus=4, price=4)]
+    submit = plan(snapshot, [_policy(nodes=1, offerings=offerings, wait_model="nodes")], T0)
+    assert _wait(submit)["deferred_to_onprem_jobs"] == 1 and "onprem_order" not in _wait(submit)
+    assert submit.decisions[0].onprem_order == ()
+    policy = _policy(nodes=1, offerings=offerings, wait_model="nodes",
+                     onprem_order="longest-first")
+    result = plan(snapshot, [policy], T0)
+    wait = _wait(result)
+    assert wait["onprem_order"] == {"order": "longest-first", "applied": True, "jobs": 1,
+                                    "first": ["long"]}
+    assert wait["deferred_to_onprem_jobs"] == 1 and wait["waiting_jobs"] == 1
+    assert result.decisions[0].onprem_order == ("long",)  # for the on-prem scheduler
+    assert "kept longest first" in result.decisions[0].summary
+    # The order is an instruction, not part of the decision's identity (as holds_until).
+    assert dataclasses.replace(result.decisions[0], onprem_order=()) == result.decisions[0]
+
+
+def test_longest_first_keeps_project_classes_and_puts_unknown_runtimes_last() -> None:
+    from orchestrator.planner.wait import longest_first
+    policy = make_policy(projects=[{"name": "prod", "priority": 20}])
+    jobs = [make_job("a", duration_s=600), make_job("b", duration_s=None),
+            make_job("c", duration_s=7200), make_job("d", project="prod", duration_s=60),
+            make_job("e", duration_s=7200, priority=5), make_job("f", duration_s=7200)]
+    order = longest_first(list(range(len(jobs))), jobs, policy)
+    # prod first (project priority), then the longest (ties in the given order: a job's own
+    # priority is no class), and the job of unknown runtime last of its class.
+    assert [jobs[i].id for i in order] == ["d", "c", "e", "f", "a", "b"]
+
+
+def test_longest_first_stands_down_where_the_pooled_model_stands_in() -> None:
+    job = make_job("j", gpus=4, wait=M, duration_s=3600)
+    snapshot = _snapshot([job], [0], [(0, 4, T0 + 10 * M)])
+    queue = snapshot.queues[POOL]
+    no_nodes = dataclasses.replace(snapshot, queues={POOL: dataclasses.replace(
+        queue, onprem_releases=tuple(dataclasses.replace(r, node=None)
+                                     for r in queue.onprem_releases))})
+    policy = _policy(nodes=1, wait_model="nodes", onprem_order="longest-first")
+    result = plan(no_nodes, [policy], T0)
+    assert _wait(result)["onprem_order"]["applied"] is False
+    assert result.decisions[0].onprem_order == ()
+
+
+def test_the_policy_refuses_longest_first_without_the_node_model() -> None:
+    with pytest.raises(PolicyError, match="trigger.onprem_order"):
+        _policy(onprem_order="longest-first")
+    with pytest.raises(PolicyError, match="trigger.onprem_order"):
+        _policy(onprem_order="shortest-first")
 
 
 def test_the_boot_learner_reads_a_decayed_p90() -> None:
@@ -322,7 +390,7 @@ def test_on_a_fabric_that_spans_nodes_a_wide_job_is_priced_as_its_launch_group()
 
 def test_the_shipped_default_on_a_queue_without_nodes_decides_as_the_pooled_rule() -> None:
     # The built-in queue reports no node per running job: the shipped default's node model,
-    # margin and displacement stand down, on the columns' fast path as on a tuple of jobs, and
+    # margin, displacement and longest-first order stand down, on the columns' fast path as on a tuple of jobs, and
     # the plan is the pooled rule's, its record naming why.
     from orchestrator.domain.pending import PendingColumns
     from orchestrator.policy import DEFAULT_POLICY_PATH, load_policy, load_policy_text
@@ -331,7 +399,7 @@ def test_the_shipped_default_on_a_queue_without_nodes_decides_as_the_pooled_rule
     shipped = load_policy(DEFAULT_POLICY_PATH)
     assert shipped.trigger.wait_model.value == "nodes" and shipped.trigger.onprem_margin == M
     doc = yaml.safe_load(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"))
-    for key in ("wait_model", "onprem_margin", "displacement"):
+    for key in ("wait_model", "onprem_margin", "displacement", "onprem_order"):
         doc["trigger"].pop(key)
     pooled = load_policy_text(yaml.safe_dump(doc), "pooled.yaml")
     jobs = [make_job(f"j{i}", gpus=g, wait=w * M, duration_s=3600)
@@ -348,5 +416,8 @@ def test_the_shipped_default_on_a_queue_without_nodes_decides_as_the_pooled_rule
         assert wait.pop("onprem_model").startswith("pooled (")
         assert wait.pop("onprem_margin_s") is None
         assert (wait.pop("displaced_jobs"), wait.pop("displaced")) == (0, [])
+        assert wait.pop("onprem_order") == {"order": "longest-first", "applied": False,
+                                            "jobs": 0, "first": []}
+        assert ours.decisions[0].onprem_order == ()
         assert wait == base
         assert [a.offering.key for a in ours.launches] == [a.offering.key for a in theirs.launches]
