@@ -20,7 +20,10 @@ passed is always due, so a wrong prediction cannot hold a job back forever.
 
 With ``trigger.wait_model: nodes`` the starts are predicted node by node with Slurm's backfill
 model instead, and ``trigger.displacement`` may burst cheaper queued jobs so that a dearer one
-keeps its on-prem start (:mod:`.wait_nodes`); with ``trigger.learn_boot`` the boot allowed is the
+keeps its on-prem start (:mod:`.wait_nodes`), and ``trigger.onprem_order: longest-first`` places
+the jobs longest first, so the short ones are those left for the cloud, and carries the kept
+jobs' order for the on-prem scheduler to follow (:func:`longest_first`,
+:mod:`orchestrator.fabric.onprem_order`); with ``trigger.learn_boot`` the boot allowed is the
 learned one (:mod:`.boot`); with ``trigger.spare_room`` the deferred jobs are listed as kept off
 burst nodes' spare room where they would lengthen a node's bill (:mod:`.spare_room`). The pooled rule is what runs with neither.
 
