@@ -17,7 +17,7 @@ affects the jobs behind it is the :class:`Backfill` rule:
   :mod:`orchestrator.planner.backfill`) at most every ``bf_interval_s``.
 
 Under ``easy``, the jobs the last plan kept for on-prem in its order (``trigger.onprem_order:
-longest-first``, handed over as the fabric's ``order_onprem``) come first, in that order, as
+longest-first``, handed over as the fabric's :meth:`OnPremFill.order_onprem`) come first, in that order, as
 Slurm starts them once burst has raised their priority (:mod:`orchestrator.fabric.onprem_order`):
 their heap's keys sort ahead of every other job's. A new order replaces the last; an empty one
 changes nothing. ``slurm`` and ``first-fit`` do not read it.
@@ -39,6 +39,7 @@ import math
 from enum import StrEnum
 
 from orchestrator.planner.backfill import NodeSpace, PendingJob, backfill_pass
+from orchestrator.policy.models import Policy
 from orchestrator.sim.simjob import PENDING, SimJob, live_head
 
 
@@ -59,12 +60,12 @@ def _entry_key(item: tuple) -> tuple:
 class OnPremFill:
     """The on-prem fills of the world (module docstring)."""
 
-    def keep_order(self, ids: tuple[str, ...]) -> None:
-        """The order the last plan kept its deferred jobs in for on-prem (``trigger.onprem_order:
-        longest-first``; module docstring): under ``easy`` they are taken first, in that order,
-        as Slurm takes jobs whose priority burst raised in that order."""
+    def order_onprem(self, policy: Policy, ids: tuple[str, ...]) -> int:
+        """The fabric's on-prem order, as Slurm's (:mod:`orchestrator.fabric.onprem_order`): the
+        jobs the last plan kept for on-prem (``trigger.onprem_order: longest-first``; module
+        docstring) are taken first under ``easy``, in that order. Returns the jobs ordered."""
         if not ids or ids == self._order_ids:
-            return  # (an empty order changes nothing: raised priorities stay until jobs start)
+            return 0  # (an empty order changes nothing: raised priorities stay until jobs start)
         self._order_ids = ids
         by_id = self._by_id
         kept = []
@@ -73,6 +74,7 @@ class OnPremFill:
             if job is not None and job.state == PENDING:
                 kept.append(((-math.inf, rank), job.attempt, job))
         self._order_heap = kept  # already in heap order (ranks ascending)
+        return len(kept)
 
     def _fill_reserving(self, now: float, started: list[SimJob]) -> None:
         """Fill on-prem under the ``easy`` rule (module docstring)."""

@@ -168,7 +168,7 @@ class World(OnPremFill, BurstFill, SpareFill):
         # (orchestrator.sim.burstfill). Trace job ids -> jobs, to read the launch's ids.
         self._claims: dict[int, tuple[SimJob, ...]] = {}
         # trigger.onprem_order: the last plan's order of the jobs it kept for on-prem, as a heap
-        # of the on-prem fill (orchestrator.sim.onprem_fill.OnPremFill.keep_order), and its ids
+        # of the on-prem fill (orchestrator.sim.onprem_fill.OnPremFill.order_onprem), and its ids
         self._order_heap: list = []
         self._order_ids: tuple[str, ...] = ()
         self._by_id: dict[str, SimJob] = {job.trace.job_id: job for job in self.jobs}
@@ -367,12 +367,6 @@ class World(OnPremFill, BurstFill, SpareFill):
             self._claims.pop(index, None)
 
     # Fabric port ---------------------------------------------------------------------------------
-
-    def order_onprem(self, policy: Policy, order: tuple[str, ...]) -> int:
-        """The fabric's on-prem order (as Slurm's, :mod:`orchestrator.fabric.onprem_order`): the
-        world's on-prem scheduler takes the kept jobs first, in that order (``keep_order``)."""
-        self.keep_order(order)
-        return len(order)
 
     def request_release(self, node: Node, deadline: datetime) -> None:
         self._stop_offering(node.id)
