@@ -127,15 +127,22 @@ class Executor:
 
     def _order_onprem(self, plan: Plan) -> None:
         """Hand each decision's on-prem order (``trigger.onprem_order``) to the fabric, which
-        has the on-prem scheduler start the kept jobs in it (Slurm: their nice; best effort:
-        a Slurm that cannot take it now is logged there, and the plan's actions go on)."""
+        has the on-prem scheduler start the kept jobs in it (Slurm: their nice), and its kept
+        jobs (``trigger.spare_room``), which it keeps off the burst nodes they may not take
+        (Slurm: their ExcNodeList). Best effort: a Slurm that cannot take it now is logged
+        there, and the plan's actions go on."""
         apply = getattr(self.fabric, "order_onprem", None)
-        if apply is None:
-            return
+        keep_off = getattr(self.fabric, "keep_off_burst", None)
         for decision in plan.decisions:
             policy = self.policies.get(decision.policy)
-            if decision.onprem_order and policy is not None:
+            if policy is None:
+                continue
+            if decision.onprem_order and apply is not None:
                 apply(policy, decision.onprem_order)
+            if keep_off is not None and decision.kept_off is not None:
+                # trigger.spare_room: the kept jobs off the burst nodes they may not take (an
+                # empty list too: what an earlier plan kept off is lifted, held nodes resumed)
+                keep_off(policy, decision.kept_off)
 
     def run(self, actions: Iterable[Action]) -> ExecutionReport:
         report = ExecutionReport()

@@ -147,9 +147,9 @@ def reset(cluster: MiniCluster) -> None:
         cluster.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
 
 
-def slurm_policy(conf: Path, **slurm_fabric) -> object:
+def slurm_policy(conf: Path, trigger: dict | None = None, **slurm_fabric) -> object:
     """A policy bursting the mini-cluster's ``gpu`` partition through the Slurm fabric;
-    ``slurm_fabric``: the ``fabric.slurm`` settings to change."""
+    ``slurm_fabric``: the ``fabric.slurm`` settings to change; ``trigger``: its trigger."""
     doc = {
         "version": 1, "name": "train", "cluster": "it-slurm",
         "pool": {"name": "gpu", "onprem": {"nodes": 2, "gpus_per_node": 4}},
@@ -159,4 +159,6 @@ def slurm_policy(conf: Path, **slurm_fabric) -> object:
         "limits": {"max_nodes": 4},
         "fabric": {"slurm": {"checkpoint_wait": "20s", **slurm_fabric}},
     }
+    if trigger is not None:
+        doc["trigger"] = trigger
     return load_policy_text(yaml.safe_dump(doc), "slurm.yaml")

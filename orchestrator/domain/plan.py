@@ -162,6 +162,11 @@ class Decision:
     # (``inputs.wait_aware.onprem_order``); the whole order is an instruction, not part of the
     # decision's identity: left out of its repr and equality, as ``holds_until``.
     onprem_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    # ``trigger.spare_room``: the jobs kept for on-prem and the burst nodes each may still take
+    # (:class:`orchestrator.planner.spare_room.KeptOnPrem`, read through its ``kept`` and
+    # ``allowed_nodes()``), for the fabric to keep them off the others; None without the rule.
+    # An instruction, as ``onprem_order``: left out of its repr and equality.
+    kept_off: Any = field(default=None, repr=False, compare=False)
 
     @property
     def last_seen(self) -> datetime:

@@ -42,6 +42,12 @@ class FabricRouter:
         apply = getattr(fabric, "order_onprem", None)
         return apply(policy, order) if apply is not None else 0
 
+    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
+        """The policy's fabric's ``keep_off_burst`` (the kept jobs off burst nodes they may not
+        take, ``trigger.spare_room``), where it has one; else 0."""
+        apply = getattr(self.by_policy.get(policy.name, self.default), "keep_off_burst", None)
+        return 0 if apply is None else apply(policy, kept)
+
     def request_release(self, node: Node, deadline: datetime) -> None:
         self.for_node(node).request_release(node, deadline)
 

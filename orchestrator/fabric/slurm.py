@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
+from orchestrator.fabric.kept_off import JOINING_REASON, exclusions, held_joining
 from orchestrator.fabric.onprem_order import base_id, nice_values
 from orchestrator.policy.fabric import SlurmJoinMode
 from orchestrator.policy.models import Policy
@@ -131,6 +132,10 @@ class SlurmFabric:
             "checkpoint_wait_s": config.checkpoint_wait.total_seconds(),
             "respect_running_jobs": policy.scale_down.respect_running_jobs,
             "resume_requested_at": resume_at,
+            # trigger.spare_room: a dynamic node registers drained until the kept jobs exclude
+            # it (orchestrator.fabric.kept_off); a slot or CLOUD name is excluded beforehand.
+            "hold_reason": (JOINING_REASON if policy.trigger.spare_room.enabled
+                            and config.join is SlurmJoinMode.DYNAMIC else None),
         }
 
     def confirm_joined(self, node: Node) -> bool:
@@ -177,6 +182,47 @@ class SlurmFabric:
             log.info("policy %s: %d job(s) reordered for on-prem (%d kept, first %s)",
                      policy.name, len(changes), len(order), order[0])
         return len(changes)
+
+    # -- the kept jobs off burst nodes (trigger.spare_room) ------------------------------------
+    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
+        """Keep the jobs the policy keeps for on-prem off the burst nodes they may not take
+        (``kept``: the decision's :class:`~orchestrator.planner.spare_room.KeptOnPrem`), lift
+        that from jobs no longer kept, then resume the dynamic nodes held drained until now
+        (:mod:`orchestrator.fabric.kept_off`). Returns how many jobs were updated; best effort
+        (a Slurm error is logged, the next plan writes its exclusions afresh)."""
+        cli = self.cli(policy)
+        config = policy.fabric.slurm
+        partition = policy.queue.partition
+        try:
+            present = {str(n.get("name")): n for n in cli.nodes()}
+            members = {m.node_id: m.name for m in self.store.fabric_members(slurm_scope(policy))
+                       if m.node_id is not None}
+            burst = set(config.slot_names()) | {name for name in members.values()
+                                                 if name in present}
+            pending = {str(job.get("job_id")): job for job in cli.jobs()
+                       if job.get("job_state") == "PENDING" and in_partition(job, partition)}
+            allowed: dict[str, set[str]] = {}
+            if kept is not None:
+                for job_id, nodes in kept.allowed_nodes().items():
+                    allowed[job_id] = {members[n] for n in nodes if n in members}
+            changes = exclusions(pending, burst, kept.kept if kept is not None else (),
+                                 allowed, cli.hostnames)
+            updated = 0
+            for names, job_ids in changes.items():
+                cli.set_excluded(job_ids, list(names))
+                updated += len(job_ids)
+            for name in sorted(burst):
+                node = present.get(name)
+                if node is not None and held_joining(node):
+                    cli.resume(name)  # its exclusions are written: it may take work now
+        except SlurmError as exc:
+            log.warning("policy %s: the kept jobs' exclusions were not written: %s",
+                        policy.name, exc)
+            return 0
+        if updated:
+            log.info("policy %s: %d job(s)' burst exclusions written (%d kept)", policy.name,
+                     updated, len(kept.kept) if kept is not None else 0)
+        return updated
 
     # -- Fabric port ---------------------------------------------------------------------------
     def request_release(self, node: Node, deadline: datetime) -> None:

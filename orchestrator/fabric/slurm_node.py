@@ -91,6 +91,7 @@ class SlurmMember:
         self.checkpoint_wait_s = float(spec.get("checkpoint_wait_s") or 0.0)
         self.respect_running = bool(spec.get("respect_running_jobs", True))
         self.resume_requested_at = spec.get("resume_requested_at")
+        self.hold_reason = spec.get("hold_reason")  # register drained with it (dynamic mode)
         self.cli = cli or SlurmCli(spec.get("slurm_conf"))
         self.work_dir = work_dir
         self.state = "joining"  # joining | joined | draining | released | failed
@@ -121,6 +122,8 @@ class SlurmMember:
             conf = f"Feature={self.feature}"
             if self.gpus > 0:
                 conf = f"Gres=gpu:{self.gpus} {conf}"
+            if self.hold_reason:  # the controller resumes it (orchestrator.fabric.kept_off)
+                conf = f"{conf} State=DRAIN Reason={self.hold_reason}"
             argv[2:2] = ["-Z", "--conf", conf]
         self._make_spool_dir()
         log_path = self.work_dir / f"slurmd.{self.name}.log"

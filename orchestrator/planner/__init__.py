@@ -81,7 +81,7 @@ from orchestrator.planner.demand import (
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.horizon import holds_until
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
-from orchestrator.planner.spare_room import SpareAdmit, busy_nodes, keep_onprem
+from orchestrator.planner.spare_room import KeptOnPrem, SpareAdmit, busy_nodes, keep_onprem
 from orchestrator.planner.placement import (
     MULTI_NODE,
     NO_INTERCONNECT,
@@ -183,9 +183,14 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     admit = (NodeAdmitter(Admission(policy, books, now, held_now), nodes)
              if held_now is not None else None)
     demand = absorb(queue, nodes, policy, census, admit)
+    spare_turns_s = math.inf  # trigger.spare_room: when a job let onto spare room would not be
+    spare_busy = None  # (and the burst nodes' work, as its absorption read it)
     if (demand.burst_absorbed and queue is not None and policy.trigger.spare_room.enabled
             and policy.trigger.wait_slo is not None):
         demand, admit = _spared(demand, queue, nodes, policy, census, admit, snapshot, now)
+        if isinstance(admit, SpareAdmit):
+            spare_turns_s = admit.turns_s
+            spare_busy = tuple(admit.busy.values())
     if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
         demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
@@ -204,7 +209,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         if policy.trigger.spare_room.enabled and split.deferred:
             split = replace(split, spare=keep_onprem(
                 split.deferred, nodes, snapshot.burst_runs,
-                policy.trigger.spare_room.max_extension, now))
+                policy.trigger.spare_room.max_extension, now, spare_busy))
     prewarm = snapshot.prewarm.get(pool)
     if prewarm is not None and not prewarm.active(now):
         prewarm = None
@@ -406,7 +411,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         actions.append(Hold(policy.name, summary))
     holds = holds_until(policy, snapshot, now, census=census, demand=demand, split=split,
                         fired=fired, before=given, after=memory, actions=actions, rule=rule,
-                        recorded=inputs)
+                        recorded=inputs, spare_turns_s=spare_turns_s)
     decision = Decision(
         id=did,
         policy=policy.name,
@@ -420,6 +425,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         actions=tuple(_describe(a) for a in actions),
         holds_until=holds,
         onprem_order=split.onprem_order if split is not None else (),
+        kept_off=_kept_off(policy, split),
     )
     return actions, decision, memory
 
@@ -528,6 +534,16 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
     return replace(split, due=due, waiting=left, deferred=deferred, earliest_burst_at=earliest,
                    onprem_order=order, spot_early=len(early) - len(last), spot_last_room=len(last),
                    holds_s=0.0)  # (its odds read the clock: no claim)
+
+
+def _kept_off(policy: Policy, split: WaitSplit | None) -> KeptOnPrem | None:
+    """``Decision.kept_off``: under ``trigger.spare_room``, the jobs kept for on-prem (none: an
+    empty list, so the fabric lifts what it set before)."""
+    if not policy.trigger.spare_room.enabled:
+        return None
+    if split is not None and split.spare is not None:
+        return split.spare
+    return KeptOnPrem((), (), policy.trigger.spare_room.max_extension)
 
 
 def _model_name(policy: Policy, queue: PoolQueue) -> str:

@@ -15,8 +15,7 @@ limits held back by (its summary and the elapsed times in its inputs move on). I
 for a tick that acted on nothing and left the memory as it was; :data:`FOREVER` where nothing
 read depends on the clock. It is conservative: whatever reads the clock in a way not bounded here
 (budgets, whose spend moves with time; a pre-warm floor; spot chosen by expected cost; data
-staging, which weighs predicted waits; ``trigger.spare_room``, whose kept jobs the burst
-dispatcher reads off each plan; the forecast of a tick that bursts or covers jobs, which
+staging, which weighs predicted waits; the forecast of a tick that bursts or covers jobs, which
 the decision records) gives None: plan again at the next tick.
 
 The bounds, each the first instant it could change something:
@@ -29,7 +28,11 @@ The bounds, each the first instant it could change something:
 * scale-down: a ready node running nothing reaching ``idle_for``, a node's measured low use
   reaching ``utilisation.idle_for``, the scale-down cooldown's end while idle or low-use nodes
   are kept by it, a drain's deadline;
-* a capacity block's end (the offerings usable change).
+* a capacity block's end (the offerings usable change);
+* ``trigger.spare_room``: the first job absorption let onto a burst node's room reaching the
+  instant it would add more than its share there (the node's work ends sooner as the clock
+  moves; a job refused stays refused). The jobs it keeps are the split's deferred ones, bounded
+  with the split.
 
 Pure: reads only its arguments.
 """
@@ -67,22 +70,22 @@ class _Bound:
 def holds_until(policy: Policy, snapshot: Snapshot, now: datetime, *, census: Census,
                 demand: Demand, split: WaitSplit | None, fired: bool, before: PolicyMemory,
                 after: PolicyMemory, actions: list[Action], rule: Rule,
-                recorded: dict) -> datetime | None:
+                recorded: dict, spare_turns_s: float = math.inf) -> datetime | None:
     """The first instant the tick's answer may change with the clock alone (module docstring);
     None: no claim. ``before``/``after``: the memory given and returned; ``recorded``: the
-    decision's inputs."""
+    decision's inputs; ``spare_turns_s``: under ``trigger.spare_room``, seconds until a job
+    absorption let onto a burst node's room would be refused there
+    (:attr:`.spare_room.SpareAdmit.turns_s`)."""
     if after != before or any(not isinstance(a, Hold) for a in actions):
         return None  # it acts, or its memory moves: the next tick is another answer
     if (policy.budgets or policy.spot.by_expected_cost or "burst_wait" in recorded
             or "staging" in recorded or "prewarm" in recorded or snapshot.prewarm):
         return None
-    if policy.trigger.spare_room.enabled:
-        # The jobs it keeps off spare room are read off each plan by the burst dispatcher, and
-        # which nodes' bills a job would lengthen moves with the clock: no claim.
-        return None
     if demand.ordered and staging.applies(policy, demand.ordered):
         return None
     bound = _Bound()
+    if spare_turns_s < math.inf:  # a job let onto a burst node's room would be refused there
+        bound.at(now + timedelta(microseconds=math.floor(spare_turns_s * 1e6)))
     if split is not None:
         if split.holds_s <= 0:
             return None

@@ -38,6 +38,7 @@ Pure: ``now`` is an argument; the nodes and their runs come from the snapshot.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,10 @@ class SpareAdmit:
         self.max_extension = max_extension
         self.base = base
         self.admission = base.admission if base is not None else None
+        # Seconds from now until the first job let onto a node would no longer be (the node's
+        # work ends sooner as the clock moves, so the time the job adds grows): the answer's
+        # bound for holds_until. A refusal never turns into a grant by the clock alone.
+        self.turns_s = INF
 
     @property
     def loosened(self) -> int:
@@ -112,6 +117,8 @@ class SpareAdmit:
                     return False
             elif not may_join(job, node, self.max_extension):
                 return False
+            else:
+                self.turns_s = min(self.turns_s, _turns_s(job, node, self.max_extension))
         if self.base is None:
             return True
         if job.gpus > node_gpus_of(node):
@@ -127,11 +134,41 @@ class KeptOnPrem:
     records: tuple[dict, ...]
     max_extension: float
     listed_all: bool = True  # False: more jobs were kept for on-prem than MAX_KEPT
+    # For the fabric (:meth:`allowed_nodes`): the kept jobs, and the burst nodes as the plan
+    # read them (ready ones and those still booting; None: not read, no node holds room).
+    jobs: Sequence[Job] = ()
+    busy: tuple[Busy, ...] | None = None
 
     def inputs(self) -> dict:
         return {"max_extension": self.max_extension, "kept_jobs": len(self.kept),
                 "kept": list(self.kept), "all_listed": self.listed_all,
                 "records": list(self.records)}
+
+    def allowed_nodes(self) -> dict[str, frozenset[str]]:
+        """The burst nodes each kept job may start on (its id -> node ids; a job not listed may
+        start on none): those launched for it, and those it would lengthen by at most its share
+        as their work stood at the plan (:func:`may_join`; a job wider than one node, whole
+        nodes where :func:`wide_allowed`). What the fabric keeps the other nodes off for."""
+        busy = self.busy or ()
+        out: dict[str, frozenset[str]] = {}
+        if not busy:
+            return out
+        for job in self.jobs:
+            if job.duration_s is None and not any(job.id in b.launched_for for b in busy):
+                continue  # an unknown runtime adds an unknown time: kept off every node
+            ids = []
+            for node in busy:
+                if job.id in node.launched_for:
+                    ids.append(node.node)
+                elif job.gpus > node.gpus:
+                    nodes = -(-job.gpus // node.gpus)
+                    if wide_allowed(job.gpus, nodes, node.gpus, self.max_extension):
+                        ids.append(node.node)
+                elif may_join(job, node, self.max_extension):
+                    ids.append(node.node)
+            if ids:
+                out[job.id] = frozenset(ids)
+        return out
 
     def text(self) -> str:
         return (f"{len(self.kept)} job(s) kept for on-prem may take a burst node's spare room "
@@ -177,34 +214,68 @@ def may_join(job: Job, node: Busy, max_extension: float) -> bool:
     return max(0.0, float(runtime) - node.busy_for_s) <= allowed
 
 
-def _record(job: Job, busy: Sequence[Busy], max_extension: float) -> dict:
-    """Why the job is kept: its runtime, how much node time a node of each size may add for
-    it, and on how many of the ready burst nodes that hold it it may start (as room frees)."""
-    runtime = None if job.duration_s is None else float(job.duration_s)
-    sizes = sorted({b.gpus for b in busy if b.gpus >= job.gpus})
-    allowed = {}
-    for size in sizes:
-        a = allowed_extension_s(job.gpus, runtime, size, max_extension)
-        allowed[str(size)] = None if a is None else round(a, 1)
-    holding = [b for b in busy if b.gpus >= job.gpus]
-    return {"job": job.id, "gpus": job.gpus, "runtime_s": runtime,
-            "reason": "predicted to start on-prem within wait_slo",
-            "allowed_extension_s": allowed,
-            "burst_nodes_allowed": sum(1 for b in holding if may_join(job, b, max_extension)),
-            "burst_nodes": len(holding)}
+def _turns_s(job: Job, node: Busy, max_extension: float) -> float:
+    """Seconds from now until ``job``, allowed onto ``node`` now, adds more than its share
+    there: the node's work ends ``busy_for_s`` from now, so the job adds ``runtime - busy``
+    (inf: never, the work's end is unknown)."""
+    allowed = allowed_extension_s(job.gpus, job.duration_s, node.gpus, max_extension)
+    if allowed is None or job.duration_s is None or node.busy_for_s == INF:
+        return INF
+    return max(0.0, node.busy_for_s - (float(job.duration_s) - allowed))
+
+
+class _Holding:
+    """The burst nodes by size, each size's ``busy_for_s`` sorted, to count on how many of them
+    a kept job may start (:func:`may_join` on each, by bisection: one job's allowance is a
+    threshold on ``busy_for_s``)."""
+
+    def __init__(self, busy: Sequence[Busy]):
+        by_size: dict[int, list[float]] = {}
+        for node in busy:
+            by_size.setdefault(node.gpus, []).append(node.busy_for_s)
+        self.sizes = sorted(by_size)
+        self.busy = {size: sorted(times) for size, times in by_size.items()}
+
+    def record(self, job: Job, max_extension: float) -> dict:
+        """Why the job is kept: its runtime, how much node time a node of each size may add for
+        it, and on how many of the burst nodes that hold it it may start (as room frees)."""
+        runtime = None if job.duration_s is None else float(job.duration_s)
+        allowed: dict[str, float | None] = {}
+        holding = may = 0
+        for size in self.sizes:
+            if size < job.gpus:
+                continue
+            times = self.busy[size]
+            holding += len(times)
+            a = allowed_extension_s(job.gpus, runtime, size, max_extension)
+            allowed[str(size)] = None if a is None else round(a, 1)
+            if a is not None and runtime is not None:
+                # may_join: runtime - busy <= a, i.e. busy >= runtime - a
+                may += len(times) - bisect.bisect_left(times, runtime - a)
+        return {"job": job.id, "gpus": job.gpus, "runtime_s": runtime,
+                "reason": "predicted to start on-prem within wait_slo",
+                "allowed_extension_s": allowed, "burst_nodes_allowed": may,
+                "burst_nodes": holding}
 
 
 def keep_onprem(deferred: Sequence[Job], nodes: Sequence[Node], runs: Sequence[BurstRun],
-                max_extension: float, now: datetime) -> KeptOnPrem:
+                max_extension: float, now: datetime,
+                busy: Sequence[Busy] | None = None) -> KeptOnPrem:
     """The kept jobs (``deferred``: those the split keeps queued for on-prem, in scheduling
-    order) with the records of the first :data:`RECORDED`; see the module docstring."""
+    order) with the records of the first :data:`RECORDED`; see the module docstring.
+    ``busy``: the burst nodes as :func:`busy_nodes` reads them, where already read."""
     listed = (deferred[:MAX_KEPT].ids() if isinstance(deferred, JobsView)
               else [j.id for j in deferred[:MAX_KEPT]])
     head = list(deferred[:RECORDED])
-    busy = busy_nodes(nodes, runs, now) if head else []
-    records = tuple(_record(job, busy, max_extension) for job in head)
+    records: tuple[dict, ...] = ()
+    if head:
+        if busy is None:
+            busy = busy_nodes(nodes, runs, now)
+        holding = _Holding(busy)
+        records = tuple(holding.record(job, max_extension) for job in head)
     return KeptOnPrem(tuple(listed), records, max_extension,
-                      listed_all=len(listed) == len(deferred))
+                      listed_all=len(listed) == len(deferred), jobs=deferred[:MAX_KEPT],
+                      busy=None if busy is None else tuple(busy))
 
 
 __all__ = ["MAX_KEPT", "RECORDED", "Busy", "KeptOnPrem", "SpareAdmit", "allowed_extension_s", "busy_nodes",

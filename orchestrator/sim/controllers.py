@@ -68,6 +68,7 @@ class _Holds:
     rule: str
     held_back: tuple[str, ...]
     staging_held: frozenset[str]
+    spare_kept: frozenset[str] = frozenset()  # trigger.spare_room: the jobs that plan kept
 
 
 class Controller:
@@ -257,7 +258,7 @@ class PolicyController(Controller):
             return None
         return _Holds(self.idle.state(), math.inf if until == FOREVER else seconds(until), now,
                       str(decision.rule), tuple(decision.held_back_by),
-                      self.engine.world.staging_held)
+                      self.engine.world.staging_held, self.engine.world.spare_kept)
 
 
 class NeverController(Controller):
@@ -392,7 +393,8 @@ def _check_holds(plan, before: PolicyMemory | None, now: float, holds: _Holds) -
     memory = next(iter(plan.memory.values()))
     acts = [a for a in plan.actions if not isinstance(a, Hold)]
     if (acts or memory != (before or PolicyMemory()) or str(decision.rule) != holds.rule
-            or tuple(decision.held_back_by) != holds.held_back):
+            or tuple(decision.held_back_by) != holds.held_back
+            or _spare_kept(plan) != holds.spare_kept):
         raise AssertionError(
             f"at {now:.0f} s, before the holds_until ({holds.until_s:.0f} s) of the plan at "
             f"{holds.planned_s:.0f} s ({holds.rule}, held back by {holds.held_back}), the plan "

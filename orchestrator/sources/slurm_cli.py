@@ -182,6 +182,12 @@ class SlurmCli:
         nice needs an operator, as burst's controller is)."""
         self.run("scontrol", "update", f"jobid={job_id}", f"nice={nice}")
 
+    def set_excluded(self, job_ids: list[str], names: list[str]) -> None:
+        """Set the pending jobs' excluded nodes (``scontrol update jobid=a,b ExcNodeList=``;
+        every name must be a node Slurm knows, FUTURE and CLOUD ones included; none: cleared)."""
+        self.run("scontrol", "update", "jobid=" + ",".join(job_ids),
+                 "ExcNodeList=" + ",".join(names))
+
     def requeue(self, job_id: str | int) -> None:
         """Requeue the job: it is killed and goes back to PENDING once it has left its node.
         Slurm then holds it (reason BeginTime) for about 2 minutes: see :meth:`lift_hold`."""

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from orchestrator.domain.nodes import NodeState
 from orchestrator.domain.plan import Hold
-from orchestrator.domain.snapshot import CapacityBlock, OnPremRelease, PolicyMemory
+from orchestrator.domain.snapshot import BurstRun, CapacityBlock, OnPremRelease, PolicyMemory
 from orchestrator.planner import plan
 from orchestrator.planner.horizon import FOREVER
 from tests.builders import (
@@ -58,8 +58,9 @@ def _fired(policy, since=T0 - H):
 
 def _answer(result):
     [decision] = result.decisions
+    kept = None if decision.kept_off is None else decision.kept_off.kept  # (trigger.spare_room)
     return ([a for a in result.actions if not isinstance(a, Hold)], result.memory,
-            decision.rule, decision.held_back_by)
+            decision.rule, decision.held_back_by, kept)
 
 
 def _planned(snapshot, policy, at):
@@ -72,13 +73,13 @@ def _holds(snapshot, policy):
     first = _planned(snapshot, policy, T0)
     until = first.decisions[0].holds_until
     if until is not None:
-        acts, memory, rule, held_back = _answer(first)
+        acts, memory, rule, held_back, kept = _answer(first)
         assert not acts
         assert memory[policy.name] == snapshot.memory.get(policy.name, PolicyMemory())
         at = T0 + M
         while at < min(until, T0 + LONG):
             again = _answer(_planned(snapshot, policy, at))
-            assert again == ([], memory, rule, held_back), f"differs at {at - T0}"
+            assert again == ([], memory, rule, held_back, kept), f"differs at {at - T0}"
             at += M
     return first, until
 
@@ -198,9 +199,9 @@ def test_a_deferred_job_holds_until_its_predicted_start():
                           st.one_of(st.none(), st.integers(60, 7200))), min_size=1, max_size=10),
        st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(-5, 120)),
                 max_size=8),
-       st.lists(st.tuples(st.sampled_from([0, 4, 4, 4]), st.one_of(st.none(), st.integers(0, 30))),
+       st.lists(st.tuples(st.sampled_from([0, 2, 4, 4]), st.one_of(st.none(), st.integers(0, 30))),
                 max_size=3),
-       st.sampled_from(["pooled", "nodes", "displace", "none"]),
+       st.sampled_from(["pooled", "nodes", "displace", "spare", "none"]),
        st.sampled_from([(None, "0s"), (60, "0s"), (2, "3m")]),
        st.sampled_from([1, 4]), st.booleans())
 def test_the_same_answer_at_every_minute_before_holds_until(specs, runs, nodes, model, trigger_at,
@@ -230,10 +231,37 @@ def test_the_same_answer_at_every_minute_before_holds_until(specs, runs, nodes, 
                     "wait_model": "pooled" if model == "pooled" else "nodes"}
         if model == "displace":
             trigger |= {"displacement": {"enabled": True, "max_displaced": 4, "lookahead": "30m"}}
+        if model == "spare":
+            trigger |= {"spare_room": {"enabled": True, "max_extension": 0.5}}
     policy = make_policy(trigger=trigger, pool={"onprem": {"nodes": 4, "gpus_per_node": 4}},
                          offerings=[offering_spec("g4", gpus=4, price=4),
                                     offering_spec("g8", gpus=8, price=30)],
                          limits={"max_nodes": max_nodes}, cooldowns={"scale_up": "2m"})
     memory = None if since is None else _fired(policy, T0 - since * M)
-    _holds(_snapshot(jobs, free=tuple(4 - h for h in held), releases=releases, nodes=burst,
-                     memory=memory), policy)
+    snapshot = _snapshot(jobs, free=tuple(4 - h for h in held), releases=releases, nodes=burst,
+                         memory=memory)
+    # The busy burst nodes' work ends at their own times (spare room's allowance moves with it).
+    runs = tuple(BurstRun(f"r{i}", "research", f"n{i}", busy, T0 - 10 * M, 600.0 * (i + 1) + 90)
+                 for i, (busy, _) in enumerate(nodes) if busy)
+    _holds(dataclasses.replace(snapshot, burst_runs=runs), policy)
+
+
+def test_spare_room_holds_until_a_job_let_onto_a_node_would_lengthen_it_too_much():
+    # A burst node with 2 GPUs free whose work ends in 2,200 s; a 1-GPU job of 2,400 s that
+    # on-prem cannot start for hours. It adds 200 s to the node, within its share (0.5 x 1/4 x
+    # 2,400 = 300 s): absorbed there. 100 s later it would add more: refused, so the answer
+    # changes then, and no claim may reach past it.
+    job = make_job("j", gpus=1, wait=2 * M, duration_s=2400)
+    node = make_node("n0", offering=make_offering("g4", gpus=4, price=4), gpus_busy=2,
+                     running_jobs=1)
+    run = BurstRun("r", "research", "n0", 2, T0 - 10 * M, 600 + 2200.0)
+    policy = _wait_policy(wait_model="nodes", spare_room={"enabled": True, "max_extension": 0.5})
+    snapshot = dataclasses.replace(
+        _snapshot([job], free=(0, 0), releases=[(0, 4, T0 + 5 * H), (1, 4, T0 + 5 * H)],
+                  nodes=[node], memory=_fired(policy)), burst_runs=(run,))
+    first, until = _holds(snapshot, policy)
+    # (A tick that covers jobs records their forecast, which makes no claim today; the bound
+    # holds whatever makes the claim.)
+    assert until is None or until <= T0 + timedelta(seconds=100)
+    assert first.decisions[0].inputs["absorbed_burst_gpus"] == 1
+    assert _changes_by(snapshot, policy, T0 + 2 * M)  # refused there: the answer changes
