@@ -5,14 +5,17 @@ Draining is cooperative: the node's state (``draining``) reaches the agent in it
 answer; the agent stops taking work, lets its job finish (or hands it back if the policy does not
 respect running jobs, or the deadline passes), then reports ``released``. Only then, or at the
 drain deadline, does the planner terminate the node. Jobs still on a node that is gone are put
-back in the queue.
+back in the queue. Under ``trigger.spare_room`` each plan's kept jobs are recorded for the queue's
+claim, which keeps them off burst nodes they would lengthen beyond their share.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from orchestrator.domain.nodes import Node
+from orchestrator.policy.models import Policy
 from orchestrator.sources.builtin import BuiltinQueue
 
 
@@ -23,6 +26,12 @@ class BuiltinFabric:
 
     def __init__(self, queue: BuiltinQueue):
         self.queue = queue
+
+    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
+        """Record the jobs the policy keeps for on-prem (``trigger.spare_room``; ``kept``: the
+        decision's :class:`~orchestrator.planner.spare_room.KeptOnPrem`), which the queue's claim
+        reads (:meth:`BuiltinQueue.claim_for_node`); returns how many rows changed."""
+        return self.queue.store.keep_onprem(policy.name, kept.kept if kept is not None else ())
 
     def request_release(self, node: Node, deadline: datetime) -> None:
         # Nothing to call: the agent reads the drain from its heartbeat answer.

@@ -568,10 +568,14 @@ def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
     if wanted:  # the runtimes of the jobs the booting nodes are for
         columns = ordered(queue.pending, policy).columns
         durations = columns.duration_s
-        for index, job_id in enumerate(columns.ids):
-            if job_id in wanted:
-                runtime = float(durations[index])
-                launched[job_id] = None if math.isnan(runtime) else runtime
+        ids = columns.ids
+        for job_id in wanted:  # (few: a scan of the ids in C for each, not one in Python)
+            try:
+                index = ids.index(job_id)
+            except ValueError:
+                continue  # no longer pending
+            runtime = float(durations[index])
+            launched[job_id] = None if math.isnan(runtime) else runtime
     busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now, launched)}
     spare = SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
     return absorb(queue, nodes, policy, census, spare), spare  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ reads (the burst pool, the burst queues, the node's jobs) is the world's.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator
 
 from orchestrator.planner.spare_room import allowed_extension_s, wide_allowed
@@ -59,6 +60,7 @@ class SpareFill:
         queues = self._burst_q
         while pool.free_total:
             best: tuple[tuple, Allocation | None] | None = None
+            reach: dict[int, float] = {}  # (per width, while the pool is as it is now)
             for width, heap in queues.items():
                 if not pool.fits_job(width):
                     continue
@@ -67,7 +69,7 @@ class SpareFill:
                     continue
                 alloc = None
                 if self._kept(head[2]):
-                    found = self._first_allowed(heap, now)
+                    found = self._first_allowed(heap, now, reach)
                     if found is None:
                         continue
                     head, alloc = found
@@ -86,9 +88,12 @@ class SpareFill:
             self._start(job, alloc, "burst", now)
             started.append(job)
 
-    def _first_allowed(self, heap: list, now: float) -> tuple[tuple, Allocation | None] | None:
+    def _first_allowed(self, heap: list, now: float, reach: dict[int, float]
+                       ) -> tuple[tuple, Allocation | None] | None:
         """The first job of a width queue, in order, that may start on burst nodes now: one not
-        kept (placed as usual), or a kept one with its allowed room."""
+        kept (placed as usual), or a kept one with its allowed room. ``reach``: the longest
+        runtime a kept job of each width may have and still find room (:meth:`_reach`), filled
+        as read, so most kept jobs are passed over without looking at the nodes."""
         held = self.staging_held
         for entry in _in_order(heap):
             job = entry[2]
@@ -96,11 +101,36 @@ class SpareFill:
                 continue
             if not self._kept(job):
                 return entry, None
-            alloc = self._spare_room(job, now)
-            if alloc is not None:
-                return entry, alloc
+            runtime = job.domain.duration_s
+            if job.gpus not in reach:
+                reach[job.gpus] = self._reach(job.gpus, now)
+            # (a hair of slack for rounding: _spare_room's exact test decides)
+            if runtime is not None and float(runtime) <= reach[job.gpus] * (1 + 1e-9) + 1e-6:
+                alloc = self._spare_room(job, now)
+                if alloc is not None:
+                    return entry, alloc
             self.spare_passed_over += 1
         return None
+
+    def _reach(self, gpus: int, now: float) -> float:
+        """The longest runtime a kept job of ``gpus`` GPUs (at most a node) may have and still
+        be allowed on some node with room for it: on a node of ``N`` GPUs busy for ``b``,
+        ``max(0, d - b) <= share x gpus / N x d`` holds exactly for ``d <= b / (1 - share x gpus
+        / N)`` (every ``d`` where that divisor is not positive). Wider jobs: inf (judged by
+        :meth:`_spare_room`)."""
+        pool = self.burst
+        if gpus > pool.max_size:
+            return math.inf
+        share = self.policy.trigger.spare_room.max_extension
+        best = -math.inf
+        for index in pool.with_room(gpus):
+            divisor = 1.0 - share * gpus / pool.size[index]
+            if divisor <= 0:
+                return math.inf
+            runs = self.node_jobs.get(self._burst_ids[index], ())
+            busy = max((j.start_s + j.run_s for j in runs), default=now) - now
+            best = max(best, busy / divisor)
+        return best
 
     def _spare_room(self, job: SimJob, now: float) -> Allocation | None:
         """Where a kept job may start (module docstring), or None."""

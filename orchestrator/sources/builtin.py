@@ -13,7 +13,10 @@ first pending job that fits it, that on-prem cannot start now, and that the budg
 jobs the node was launched for (``Node.launched_for``, the plan's ``Launch.jobs``) come first,
 while they are still pending: the planner chose which jobs to burst (their wait, displacement,
 staging), and handing their node to the oldest pending job instead would undo that choice and
-leave the job it was for waiting for the next launch. Then the rest, in order, as before.
+leave the job it was for waiting for the next launch. Then the rest, in order, as before, but
+for the jobs the policy's last plan kept for on-prem under ``trigger.spare_room``
+(:mod:`orchestrator.store.kept_jobs`): such a job is handed a node only where it lengthens the
+node's running work by at most its share (:func:`orchestrator.planner.spare_room.may_join`).
 
 Every write is compare-and-set on the job's version, so the loop and the API thread (or several
 processes) can dispatch at once without running a job twice. Each start on a burst node, and each
@@ -24,13 +27,14 @@ run history (the cost ledger's job usage), in the same transaction.
 from __future__ import annotations
 
 import copy
+import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from orchestrator.domain.jobs import JobState, Placement
+from orchestrator.domain.jobs import Job, JobState, Placement
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.costs.spend import budget_spend
 from orchestrator.domain.snapshot import BurstRun, OnPremRelease, OnPremState, PoolQueue, Snapshot
@@ -38,6 +42,7 @@ from orchestrator.kept import Kept
 from orchestrator.planner.admission import Admission, held_gpus
 from orchestrator.planner.budgets import BudgetBook, usd
 from orchestrator.planner.demand import Bins, ordered, scheduling_order
+from orchestrator.planner.spare_room import Busy, may_join
 from orchestrator.policy.models import Policy
 from orchestrator.store import JobRecord, Store
 from orchestrator.store.jobruns import RunOutcome, builtin_run_key
@@ -243,7 +248,7 @@ class BuiltinQueue:
             # queue. (A job started elsewhere meanwhile shifts the pages by one: at worst this
             # claim passes over a job the next claim is offered.)
             admission: Admission | None = None
-            for index, pending in enumerate(self._claimable(node, policy, free_gpus)):
+            for index, pending in enumerate(self._claimable(node, policy, free_gpus, now)):
                 if index == 0:
                     admission = self._admission(policy, now)
                 job = pending.to_domain()
@@ -261,7 +266,8 @@ class BuiltinQueue:
                     return record
         return None
 
-    def _claimable(self, node: Node, policy: Policy, free_gpus: int) -> Iterator[JobRecord]:
+    def _claimable(self, node: Node, policy: Policy, free_gpus: int,
+                   now: datetime) -> Iterator[JobRecord]:
         """The pending jobs of the node's pool of at most ``free_gpus`` GPUs that the node may
         be given, in the order it is offered them: those it was launched for (module
         docstring), then the rest, each part in scheduling order; the rest read a page of
@@ -274,15 +280,38 @@ class BuiltinQueue:
             for job in scheduling_order([r.to_domain() for r in mine.values()], policy):
                 yield mine[job.id]
         priorities = {p.name: p.priority for p in policy.projects}
+        spare = self._spare_room(node, policy, now)
         offset = 0
         while True:
             page = self.store.pending_that_fit(node.pool, free_gpus, priorities,
                                                policy.default_project_priority,
                                                offset=offset, limit=CLAIM_PAGE)
-            yield from (r for r in page if r.id not in intended)
+            yield from (r for r in page if r.id not in intended
+                        and (spare is None or spare(r.to_domain())))
             if len(page) < CLAIM_PAGE:
                 return
             offset += len(page)
+
+    def _spare_room(self, node: Node, policy: Policy, now: datetime
+                    ) -> Callable[[Job], bool] | None:
+        """Under ``trigger.spare_room``: whether a pending job may take this node's room. A job
+        the policy's last plan kept for on-prem may only where it lengthens the node by at most
+        its share, as the node's running work stands now (:func:`~orchestrator.planner.
+        spare_room.may_join`); the rest may. None: the rule is off, or nothing is kept."""
+        rule = policy.trigger.spare_room
+        if not rule.enabled:
+            return None
+        kept = self.store.kept_onprem(policy.name)
+        if not kept:
+            return None
+        busy = 0.0
+        for run in self.store.jobs(states=[JobState.RUNNING], node_id=node.id):
+            if run.duration_s is None or run.started_at is None:
+                busy = math.inf
+                break
+            busy = max(busy, (run.started_at - now).total_seconds() + float(run.duration_s))
+        room = Busy(node.id, node.gpus, busy)
+        return lambda job: job.id not in kept or may_join(job, room, rule.max_extension)
 
     def _admission(self, policy: Policy, now: datetime) -> Admission | None:
         """The policy's budgets now, as the planner sees them: spend from the cost ledger, the

@@ -42,6 +42,7 @@ from orchestrator.store.ledger import Ledger
 from orchestrator.store.ledger_batch import LedgerBatch
 from orchestrator.store.notices import Notices
 from orchestrator.store.placement import PlacementGroups
+from orchestrator.store.kept_jobs import KeptJobs
 from orchestrator.store.pools import PoolControls
 from orchestrator.store.presence import Presence
 from orchestrator.store.queueread import QueueReads
@@ -140,7 +141,7 @@ def _decision_from_row(row: sa.Row[Any]) -> Decision:
 
 class Store(BurstWaits, UsageReads, JoinSecrets, JobQueue, BulkSubmit, QueueReads, JobRuns,
             PoolControls, Ledger, LedgerBatch, Accrual, ApiTokens, Telemetry, FabricSlots, Leases,
-            Presence, Utilisation, Notices, PlacementGroups, TickNodesRead, Fencing):
+            Presence, Utilisation, Notices, PlacementGroups, TickNodesRead, KeptJobs, Fencing):
     """burst's durable state. ``Store(url)`` connects; ``upgrade()`` creates or migrates it;
     ``fenced(scope, token)`` gives a view whose writes a newer leader's token refuses."""
 

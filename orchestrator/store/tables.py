@@ -517,6 +517,15 @@ class FabricMemberRow(Base):
     node_id: Mapped[str | None] = mapped_column(sa.String(STR_ID), unique=True)
     claimed_at: Mapped[datetime | None]
 
+class KeptOnPremRow(Base):
+    """A job a policy keeps for on-prem (``trigger.spare_room``; see ``kept_jobs``)."""
+
+    __tablename__ = "kept_onprem"
+
+    policy: Mapped[str] = mapped_column(sa.String(STR_NAME), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.String(STR_ID), primary_key=True)
+
+
 class LeaseRow(Base):
     """Who controls a scope (``reconcile``, ``policy:<name>``) and until when (see ``leases``).
 
@@ -619,6 +628,7 @@ api_tokens: sa.Table = ApiTokenRow.__table__  # type: ignore[assignment]
 tick_stats: sa.Table = TickStatRow.__table__  # type: ignore[assignment]
 fabric_members: sa.Table = FabricMemberRow.__table__  # type: ignore[assignment]
 leases: sa.Table = LeaseRow.__table__  # type: ignore[assignment]
+kept_onprem: sa.Table = KeptOnPremRow.__table__  # type: ignore[assignment]
 presence: sa.Table = PresenceRow.__table__  # type: ignore[assignment]
 job_usage: sa.Table = JobUsageRow.__table__  # type: ignore[assignment]
 node_usage_hours: sa.Table = NodeUsageHourRow.__table__  # type: ignore[assignment]

@@ -1,0 +1,60 @@
+"""The built-in queue's claim under ``trigger.spare_room``, on real stores (SQLite and
+PostgreSQL): each plan's kept jobs are recorded (``kept_onprem``, migration 0024, written by the
+built-in fabric), and a burst node asking for work is not handed a kept job that would outlast
+its running work by more than the job's share; a job not kept, or kept no more, is handed as
+before."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from orchestrator.domain.nodes import NodeState
+from orchestrator.domain.plan import ActionReason, Launch
+from orchestrator.lifecycle import transition
+from orchestrator.planner.spare_room import KeptOnPrem
+from orchestrator.store import Store
+from tests.builders import POOL, T0, make_policy, make_rig, offering_of, offering_spec
+
+M = timedelta(minutes=1)
+H = timedelta(hours=1)
+
+
+def _ready(rig, node_id: str, jobs: tuple[str, ...]) -> None:
+    policy = rig.policy
+    assert rig.executor.record_launch(Launch(policy.name, POOL, node_id, f"r-{node_id}",
+                                             offering_of(policy), ActionReason.DEMAND,
+                                             jobs=jobs)) is not None
+    for state in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY):
+        node = rig.store.get_node(node_id)
+        new, event = transition(node, state, at=T0 + M, reason="test")
+        assert rig.store.save_transition(node, new, event)
+
+
+def test_a_kept_job_takes_a_nodes_room_only_where_the_nodes_work_outlasts_it(store: Store):
+    policy = make_policy(trigger={"wait_slo": "30m",
+                                  "spare_room": {"enabled": True, "max_extension": 0}},
+                         pool={"onprem": {"nodes": 1, "gpus_per_node": 4}},
+                         offerings=[offering_spec(gpus=8, price=8)])
+    rig = make_rig(store, policy=policy)
+    store.submit_job("nlp", POOL, 4, 0, 5 * 3600.0, None, T0)  # fills on-prem
+    first = store.submit_job("nlp", POOL, 4, 0, 2 * 3600.0, None, T0 + M)
+    long = store.submit_job("nlp", POOL, 4, 0, 10 * 3600.0, None, T0 + 2 * M)
+    short = store.submit_job("nlp", POOL, 4, 0, 1800.0, None, T0 + 3 * M)
+    _ready(rig, "n1", (first.id,))
+    node = store.get_node("n1")
+    assert rig.queue.claim_for_node(node, 8, T0 + 5 * M).id == first.id  # its launch's job
+
+    # The plan keeps both for on-prem: the ten-hour job would keep the node for eight hours
+    # after its work ends (max_extension 0 allows none); the half-hour one adds nothing.
+    kept = KeptOnPrem((long.id, short.id), (), 0.0)
+    assert rig.fabric.keep_off_burst(policy, kept) == 2
+    assert rig.fabric.keep_off_burst(policy, kept) == 0  # nothing changes
+    assert store.kept_onprem(policy.name) == {long.id, short.id}
+    assert rig.queue.claim_for_node(node, 4, T0 + 6 * M).id == short.id
+    assert store.get_job(long.id).state.value == "pending"
+
+    # A later plan keeps it no more (due for the cloud, say): it is handed as before.
+    assert rig.fabric.keep_off_burst(policy, KeptOnPrem((), (), 0.0)) == 2
+    assert store.kept_onprem(policy.name) == frozenset()
+    rig.queue.finish(short.id, "n1", "succeeded", 0, T0 + 8 * M)
+    assert rig.queue.claim_for_node(store.get_node("n1"), 4, T0 + 9 * M).id == long.id
