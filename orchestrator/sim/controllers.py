@@ -131,6 +131,9 @@ class PolicyController(Controller):
                 p.max_burst_gpus is not None for p in self.policy.projects):
             engine.world.admission = self.admission
         self.idle = IdleTicks(self.policy, engine)
+        # trigger.spare_room: the world's burst dispatch keeps the kept jobs off spare room
+        # (orchestrator.sim.sparefill), as this controller's plans list them
+        engine.world.spare_on = self.policy.trigger.spare_room.enabled
 
     def holding(self, now: float) -> _Holds | None:
         """The last plan's statement, if it covers ``now`` and nothing changed since."""

@@ -150,7 +150,9 @@ class World(OnPremFill, BurstFill, SpareFill):
         # for on-prem, which start on burst nodes only where they lengthen a node's bill by
         # little (orchestrator.sim.sparefill), and when that plan was; how many times a kept job
         # was passed over for that.
-        self.spare_on = policy.trigger.spare_room.enabled
+        # (Set by the policy controller that plans with the rule: a baseline replayed on the
+        # same policy's world keeps no job, so its dispatch is the plain one.)
+        self.spare_on = False
         self.spare_kept: frozenset[str] = frozenset()
         self.spare_planned_at = -math.inf
         self.spare_passed_over = 0

@@ -67,3 +67,22 @@ def test_the_decisions_record_the_kept_jobs() -> None:
                for r in ((d.inputs.get("wait_aware") or {}).get("spare_room") or {})
                .get("records", ())]
     assert any(r["job"] == "long" and r["runtime_s"] == 36000.0 for r in records)
+
+
+def test_a_baseline_replayed_on_a_spare_room_policys_world_dispatches_as_plain() -> None:
+    # Greedy plans nothing and keeps no job: the world's dispatch must not treat every job as
+    # kept (it did, when the world read the rule off the policy: the baseline then bursted
+    # nothing onto spare room and took minutes on full ITP).
+    from orchestrator.sim.controllers import GreedyController
+
+    def greedy(trigger):
+        policy = sim_policy(offerings=OFFERINGS, pool={"onprem": {"nodes": 1, "gpus_per_node": 4}},
+                            trigger={"wait_slo": "30m", **trigger})
+        return run_with(lambda p: GreedyController(p), policy, LONG, nodes=1, gpus_per_node=4,
+                        node_gpus=4, onprem="4")
+
+    plain, spare = greedy({}), greedy({"spare_room": {"enabled": True, "max_extension": 0}})
+    assert _cost(spare) == _cost(plain) > 0
+    assert ([(j.trace.job_id, j.start_s, j.where) for j in spare.world.jobs]
+            == [(j.trace.job_id, j.start_s, j.where) for j in plain.world.jobs])
+    assert spare.world.spare_passed_over == 0
