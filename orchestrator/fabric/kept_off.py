@@ -56,6 +56,14 @@ def exclusions(pending: Mapping[str, Mapping[str, Any]], burst: set[str],
     return out
 
 
+def keeps_jobs_off(policy: Any) -> bool:
+    """Whether the policy's decisions keep jobs off burst nodes (``trigger.spare_room``, or
+    ``trigger.onprem_order: longest-first``, whose raised jobs stay off nodes on their way for
+    other jobs): its dynamic nodes join held."""
+    trigger = policy.trigger
+    return bool(trigger.spare_room.enabled or str(trigger.onprem_order) == "longest-first")
+
+
 def held_joining(node: Mapping[str, Any]) -> bool:
     """Whether a dynamic node (its ``sinfo --json`` record) is held drained as it registered:
     DRAIN with no reason. Slurm 22.05 keeps the drain of ``slurmd -Z --conf "State=DRAIN"`` but
@@ -65,4 +73,4 @@ def held_joining(node: Mapping[str, Any]) -> bool:
     return "DRAIN" in flags and not (node.get("reason") or "").strip()
 
 
-__all__ = ["JOINING_REASON", "exclusions", "held_joining"]
+__all__ = ["JOINING_REASON", "exclusions", "held_joining", "keeps_jobs_off"]

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.domain.nodes import Node, NodeState
-from orchestrator.fabric.kept_off import JOINING_REASON, exclusions, held_joining
+from orchestrator.fabric.kept_off import JOINING_REASON, exclusions, held_joining, keeps_jobs_off
 from orchestrator.fabric.onprem_order import base_id, nice_values
 from orchestrator.policy.fabric import SlurmJoinMode
 from orchestrator.policy.models import Policy
@@ -132,9 +132,10 @@ class SlurmFabric:
             "checkpoint_wait_s": config.checkpoint_wait.total_seconds(),
             "respect_running_jobs": policy.scale_down.respect_running_jobs,
             "resume_requested_at": resume_at,
-            # trigger.spare_room: a dynamic node registers drained until the kept jobs exclude
-            # it (orchestrator.fabric.kept_off); a slot or CLOUD name is excluded beforehand.
-            "hold_reason": (JOINING_REASON if policy.trigger.spare_room.enabled
+            # trigger.spare_room or onprem_order: longest-first: a dynamic node registers
+            # drained until the kept jobs exclude it (orchestrator.fabric.kept_off); a slot or
+            # CLOUD name is excluded beforehand.
+            "hold_reason": (JOINING_REASON if keeps_jobs_off(policy)
                             and config.join is SlurmJoinMode.DYNAMIC else None),
         }
 

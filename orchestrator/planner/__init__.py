@@ -81,7 +81,13 @@ from orchestrator.planner.demand import (
 from orchestrator.planner.forecast import predict_onprem_starts
 from orchestrator.planner.horizon import holds_until
 from orchestrator.planner.offerings import Candidate, Resolved, price_options, resolved
-from orchestrator.planner.spare_room import KeptOnPrem, SpareAdmit, busy_nodes, keep_onprem
+from orchestrator.planner.spare_room import (
+    KeptOnPrem,
+    SpareAdmit,
+    busy_nodes,
+    keep_onprem,
+    keep_ordered,
+)
 from orchestrator.planner.placement import (
     MULTI_NODE,
     NO_INTERCONNECT,
@@ -104,7 +110,7 @@ from orchestrator.planner.wait import (
     split_unmet,
 )
 from orchestrator.planner.wait_nodes import cheapest_cost, node_space_problem
-from orchestrator.policy.models import Policy, TriggerCombine, WaitModel
+from orchestrator.policy.models import OnPremOrder, Policy, TriggerCombine, WaitModel
 
 __all__ = ["plan"]
 
@@ -425,7 +431,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
         actions=tuple(_describe(a) for a in actions),
         holds_until=holds,
         onprem_order=split.onprem_order if split is not None else (),
-        kept_off=_kept_off(policy, split),
+        kept_off=_kept_off(policy, split, nodes, snapshot, now),
     )
     return actions, decision, memory
 
@@ -536,14 +542,23 @@ def _spot_early(split: WaitSplit, unmet: Sequence[Job], policy: Policy, snapshot
                    holds_s=0.0)  # (its odds read the clock: no claim)
 
 
-def _kept_off(policy: Policy, split: WaitSplit | None) -> KeptOnPrem | None:
-    """``Decision.kept_off``: under ``trigger.spare_room``, the jobs kept for on-prem (none: an
-    empty list, so the fabric lifts what it set before)."""
-    if not policy.trigger.spare_room.enabled:
-        return None
-    if split is not None and split.spare is not None:
-        return split.spare
-    return KeptOnPrem((), (), policy.trigger.spare_room.max_extension)
+def _kept_off(policy: Policy, split: WaitSplit | None, nodes: list[Node],
+              snapshot: Snapshot, now: datetime) -> KeptOnPrem | None:
+    """``Decision.kept_off``: under ``trigger.spare_room``, the jobs kept for on-prem and the
+    burst nodes each may take; under ``trigger.onprem_order: longest-first`` alone, the jobs
+    kept in order, off the nodes on their way for other jobs (:func:`.spare_room.keep_ordered`).
+    None kept: an empty list, so the fabric lifts what it set before; neither rule: None."""
+    trigger = policy.trigger
+    if trigger.spare_room.enabled:
+        if split is not None and split.spare is not None:
+            return split.spare
+        return KeptOnPrem((), (), trigger.spare_room.max_extension)
+    if trigger.onprem_order is OnPremOrder.LONGEST_FIRST:
+        if split is not None and split.onprem_order:
+            return keep_ordered(split.onprem_order, split.deferred, nodes,
+                                snapshot.burst_runs, now)
+        return KeptOnPrem((), (), math.inf, only_launched=True)
+    return None
 
 
 def _model_name(policy: Policy, queue: PoolQueue) -> str:

@@ -138,6 +138,11 @@ class KeptOnPrem:
     # read them (ready ones and those still booting; None: not read, no node holds room).
     jobs: Sequence[Job] = ()
     busy: tuple[Busy, ...] | None = None
+    # ``trigger.onprem_order: longest-first`` without ``spare_room`` (:func:`keep_ordered`): the
+    # kept jobs, raised first in Slurm, stay off only the nodes on their way for other jobs; the
+    # nodes are read when the fabric asks (``source``: the plan's nodes, runs and now).
+    only_launched: bool = False
+    source: tuple | None = None
 
     def inputs(self) -> dict:
         return {"max_extension": self.max_extension, "kept_jobs": len(self.kept),
@@ -149,9 +154,18 @@ class KeptOnPrem:
         start on none): those launched for it, and those it would lengthen by at most its share
         as their work stood at the plan (:func:`may_join`; a job wider than one node, whole
         nodes where :func:`wide_allowed`). What the fabric keeps the other nodes off for."""
-        busy = self.busy or ()
+        busy = self.busy
+        if busy is None and self.source is not None:
+            busy = tuple(busy_nodes(*self.source))
+        busy = busy or ()
         out: dict[str, frozenset[str]] = {}
         if not busy:
+            return out
+        if self.only_launched:  # any node but one on its way for other jobs
+            for job in self.jobs:
+                ids = [n.node for n in busy if not n.launched_for or job.id in n.launched_for]
+                if ids:
+                    out[job.id] = frozenset(ids)
             return out
         for job in self.jobs:
             if job.duration_s is None and not any(job.id in b.launched_for for b in busy):
@@ -258,6 +272,17 @@ class _Holding:
                 "burst_nodes": holding}
 
 
+def keep_ordered(order: tuple[str, ...], deferred: Sequence[Job], nodes: Sequence[Node],
+                 runs: Sequence[BurstRun], now: datetime) -> KeptOnPrem:
+    """``trigger.onprem_order: longest-first`` without ``spare_room``: the jobs kept in order,
+    which Slurm raises above every pending job, so that a burst node on its way for other jobs
+    (booting or joining, launched for them) is not taken by a kept job the moment it joins; any
+    other burst node they may take, as the simulated dispatcher lets them. Nothing is read here
+    (the fabric asks :meth:`KeptOnPrem.allowed_nodes`): the simulator plans on."""
+    return KeptOnPrem(order, (), math.inf, jobs=deferred[:MAX_KEPT], only_launched=True,
+                      source=(nodes, runs, now))
+
+
 def keep_onprem(deferred: Sequence[Job], nodes: Sequence[Node], runs: Sequence[BurstRun],
                 max_extension: float, now: datetime,
                 busy: Sequence[Busy] | None = None) -> KeptOnPrem:
@@ -279,4 +304,4 @@ def keep_onprem(deferred: Sequence[Job], nodes: Sequence[Node], runs: Sequence[B
 
 
 __all__ = ["MAX_KEPT", "RECORDED", "Busy", "KeptOnPrem", "SpareAdmit", "allowed_extension_s", "busy_nodes",
-           "keep_onprem", "may_join", "wide_allowed"]
+           "keep_onprem", "keep_ordered", "may_join", "wide_allowed"]

@@ -121,3 +121,29 @@ def test_the_executor_hands_every_spare_room_decision_to_the_fabric_even_an_empt
     plain = make_policy(offerings=[offering_spec(gpus=4, price=4)])
     assert plan(make_snapshot([], taken_at=T0), [plain], T0).decisions[0].kept_off is None
     store.close()
+
+
+def test_a_dynamic_node_joins_held_where_decisions_keep_jobs_off_burst_nodes(tmp_path):
+    from datetime import UTC, datetime
+
+    from orchestrator.domain.nodes import NodeState
+    from orchestrator.fabric.kept_off import JOINING_REASON
+    from orchestrator.fabric.slurm import SlurmFabric
+    from orchestrator.store import Store
+    from tests.builders import FixedClock, make_node
+    from tests.slurm_env import slurm_policy
+
+    store = Store(f"sqlite:///{tmp_path / 'burst.db'}")
+    store.upgrade()
+    conf = tmp_path / "slurm.conf"
+    nodes = {"wait_slo": "30m", "wait_model": "nodes"}
+    cases = {"spare": ({"wait_slo": "30m", "spare_room": {"enabled": True}}, JOINING_REASON),
+             "order": ({**nodes, "onprem_order": "longest-first"}, JOINING_REASON),
+             "submit": (nodes, None)}
+    for index, (name, (trigger, hold)) in enumerate(cases.items()):
+        policy = slurm_policy(conf, trigger=trigger)
+        fabric = SlurmFabric(store, {policy.name: policy}, FixedClock(datetime(2026, 1, 1,
+                                                                               tzinfo=UTC)))
+        node = make_node(f"n-{index}", policy=policy.name, state=NodeState.JOINING)
+        assert fabric.join_spec(node, gpus=4)["hold_reason"] == hold, name
+    store.close()

@@ -30,7 +30,16 @@ from orchestrator.planner.boot import MIN_SAMPLES, choose_boot
 from orchestrator.planner.wait import NodeRules, split_unmet
 from orchestrator.planner.wait_nodes import cheapest_cost
 from orchestrator.policy import PolicyError
-from tests.builders import POOL, T0, make_job, make_policy, make_snapshot, offering_spec
+from tests.builders import (
+    POOL,
+    T0,
+    make_job,
+    make_node,
+    make_offering,
+    make_policy,
+    make_snapshot,
+    offering_spec,
+)
 
 M = timedelta(minutes=1)
 H = timedelta(hours=1)
@@ -421,3 +430,25 @@ def test_the_shipped_default_on_a_queue_without_nodes_decides_as_the_pooled_rule
         assert ours.decisions[0].onprem_order == ()
         assert wait == base
         assert [a.offering.key for a in ours.launches] == [a.offering.key for a in theirs.launches]
+
+
+def test_longest_first_keeps_its_jobs_off_the_nodes_on_their_way_for_others() -> None:
+    # Slurm raises the kept job above every pending job: a burst node booting for the short job
+    # must not go to it when it joins; a ready node (its launch served) may take it.
+    from orchestrator.domain.nodes import NodeState
+
+    offerings = [offering_spec("g4", gpus=4, price=4)]
+    booting = dataclasses.replace(make_node("n-boot", offering=make_offering("g4", gpus=4, price=4),
+                                            state=NodeState.BOOTING), launched_for=("short",))
+    ready = make_node("n-ready", offering=make_offering("g4", gpus=4, price=4), gpus_busy=4,
+                      running_jobs=1)  # (full: it absorbs nothing)
+    snapshot = dataclasses.replace(_order_case(), nodes=(booting, ready))
+    policy = _policy(nodes=1, offerings=offerings, wait_model="nodes",
+                     onprem_order="longest-first")
+    [decision] = plan(snapshot, [policy], T0).decisions
+    kept = decision.kept_off
+    assert kept is not None and kept.only_launched and kept.kept == decision.onprem_order == ("long",)
+    assert kept.allowed_nodes() == {"long": frozenset({"n-ready"})}
+    # Without the order (submit), nothing is kept off: the fabric is not asked.
+    plain = _policy(nodes=1, offerings=offerings, wait_model="nodes")
+    assert plan(snapshot, [plain], T0).decisions[0].kept_off is None
