@@ -1,5 +1,5 @@
 """Slurm: keep the jobs burst keeps for on-prem off the burst nodes they would lengthen
-(``trigger.spare_room``).
+(``trigger.spare_room``), or that are on their way for other jobs (``onprem_order``).
 
 The wait-aware rule keeps some queued jobs for on-prem: they are predicted to start there within
 ``wait_slo`` and need no cloud node. Slurm does not know that: a burst node with GPUs free takes
@@ -10,6 +10,11 @@ each decision lists the kept jobs and, for each, the burst nodes it may still ta
 the node's time, :meth:`orchestrator.planner.spare_room.KeptOnPrem.allowed_nodes`); burst writes
 the others into the job's ``ExcNodeList``, so Slurm's scheduler and backfill leave them alone
 and the job keeps its place for on-prem.
+
+Under ``trigger.onprem_order: longest-first`` alone the same is done with a looser allowance:
+the raised kept jobs stay off only the burst nodes on their way for other jobs (booting or
+joining, launched for them), so a node that joins goes to the job it was launched for
+(:func:`orchestrator.planner.spare_room.keep_ordered`).
 
 Which names: the policy's burst nodes as Slurm knows them: every slot (``join: slot``, State=FUTURE
 nodes, which Slurm accepts in an exclusion before they join) and every CLOUD name (``join:
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from orchestrator.policy.models import OnPremOrder, Policy
 
 JOINING_REASON = "burst-joining"  # a dynamic node held drained until the kept jobs exclude it
 
@@ -56,12 +63,12 @@ def exclusions(pending: Mapping[str, Mapping[str, Any]], burst: set[str],
     return out
 
 
-def keeps_jobs_off(policy: Any) -> bool:
+def keeps_jobs_off(policy: Policy) -> bool:
     """Whether the policy's decisions keep jobs off burst nodes (``trigger.spare_room``, or
     ``trigger.onprem_order: longest-first``, whose raised jobs stay off nodes on their way for
     other jobs): its dynamic nodes join held."""
     trigger = policy.trigger
-    return bool(trigger.spare_room.enabled or str(trigger.onprem_order) == "longest-first")
+    return trigger.spare_room.enabled or trigger.onprem_order is OnPremOrder.LONGEST_FIRST
 
 
 def held_joining(node: Mapping[str, Any]) -> bool:
