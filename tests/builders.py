@@ -271,6 +271,20 @@ class Rig:
         assert node is not None, f"no node {node_id}"
         return node
 
+    def launched_ready(self, node_id: str, jobs: tuple[str, ...], at: datetime) -> Node:
+        """A node the executor recorded as launched for ``jobs`` (as the planner's Launch
+        carries them), then walked to ready at ``at`` (what the reconciler records)."""
+        policy = self.policy
+        assert self.executor.record_launch(Launch(policy.name, policy.pool.name, node_id,
+                                                  f"r-{node_id}", offering_of(policy),
+                                                  ActionReason.DEMAND, jobs=jobs)) is not None
+        node = self.node(node_id)
+        for state in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY):
+            new, event = transition(node, state, at=at, reason="test")
+            assert self.store.save_transition(node, new, event)
+            node = new
+        return self.node(node_id)
+
     def move(self, node_id: str, *states: NodeState, **changes: Any) -> Node:
         """Walk a stored node through ``states`` (legal edges only), then set ``changes``."""
         node = self.node(node_id)

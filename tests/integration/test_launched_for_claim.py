@@ -7,26 +7,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from orchestrator.domain.nodes import NodeState
-from orchestrator.domain.plan import ActionReason, Launch
-from orchestrator.lifecycle import transition
 from orchestrator.store import Store
-from tests.builders import POOL, T0, make_rig, offering_of
+from tests.builders import POOL, T0, make_rig
 
 M = timedelta(minutes=1)
-
-
-def _launched(rig, node_id: str, jobs: tuple[str, ...]) -> None:
-    """The executor records the launch intent (as the planner's Launch carries it); the node
-    then boots and joins (what the reconciler records)."""
-    policy = rig.policy
-    assert rig.executor.record_launch(Launch(policy.name, POOL, node_id, f"r-{node_id}",
-                                             offering_of(policy), ActionReason.DEMAND,
-                                             jobs=jobs)) is not None
-    for state in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY):
-        node = rig.store.get_node(node_id)
-        new, event = transition(node, state, at=T0 + M, reason="test")
-        assert rig.store.save_transition(node, new, event)
 
 
 def test_a_node_goes_to_the_job_it_was_launched_for_then_to_the_oldest(store: Store) -> None:
@@ -34,7 +18,7 @@ def test_a_node_goes_to_the_job_it_was_launched_for_then_to_the_oldest(store: St
     old = store.submit_job("nlp", POOL, 8, 0, 3600.0, None, T0)
     late = store.submit_job("nlp", POOL, 8, 0, 3600.0, None, T0 + 5 * M)
     other = store.submit_job("nlp", POOL, 8, 0, 3600.0, None, T0 + 6 * M)
-    _launched(rig, "n-late", (late.id,))
+    rig.launched_ready("n-late", (late.id,), T0 + M)
     node = store.get_node("n-late")
     assert node.launched_for == (late.id,)
     assert [n.launched_for for n in store.nodes() if n.id == "n-late"] == [(late.id,)]  # (raw read)
@@ -45,10 +29,10 @@ def test_a_node_goes_to_the_job_it_was_launched_for_then_to_the_oldest(store: St
     assert claimed is not None and claimed.id == late.id
     assert store.get_job(old.id).state.value == "pending"
 
-    _launched(rig, "n-none", ())  # min-nodes, pre-warm: no job
+    rig.launched_ready("n-none", (), T0 + M)  # min-nodes, pre-warm: no job
     assert store.get_node("n-none").launched_for == ()
     assert [n.launched_for for n in store.nodes() if n.id == "n-none"] == [()]
     assert rig.queue.claim_for_node(store.get_node("n-none"), 8, T0 + 11 * M).id == old.id
 
-    _launched(rig, "n-late2", (late.id,))  # its job already runs on n-late: the oldest left
+    rig.launched_ready("n-late2", (late.id,), T0 + M)  # its job already runs on n-late: the oldest left
     assert rig.queue.claim_for_node(store.get_node("n-late2"), 8, T0 + 12 * M).id == other.id

@@ -8,26 +8,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from orchestrator.domain.nodes import NodeState
-from orchestrator.domain.plan import ActionReason, Launch
-from orchestrator.lifecycle import transition
 from orchestrator.planner.spare_room import KeptOnPrem
 from orchestrator.store import Store
-from tests.builders import POOL, T0, make_policy, make_rig, offering_of, offering_spec
+from tests.builders import POOL, T0, make_policy, make_rig, offering_spec
 
 M = timedelta(minutes=1)
-H = timedelta(hours=1)
-
-
-def _ready(rig, node_id: str, jobs: tuple[str, ...]) -> None:
-    policy = rig.policy
-    assert rig.executor.record_launch(Launch(policy.name, POOL, node_id, f"r-{node_id}",
-                                             offering_of(policy), ActionReason.DEMAND,
-                                             jobs=jobs)) is not None
-    for state in (NodeState.LAUNCHING, NodeState.BOOTING, NodeState.JOINING, NodeState.READY):
-        node = rig.store.get_node(node_id)
-        new, event = transition(node, state, at=T0 + M, reason="test")
-        assert rig.store.save_transition(node, new, event)
 
 
 def test_a_kept_job_takes_a_nodes_room_only_where_the_nodes_work_outlasts_it(store: Store):
@@ -40,7 +25,7 @@ def test_a_kept_job_takes_a_nodes_room_only_where_the_nodes_work_outlasts_it(sto
     first = store.submit_job("nlp", POOL, 4, 0, 2 * 3600.0, None, T0 + M)
     long = store.submit_job("nlp", POOL, 4, 0, 10 * 3600.0, None, T0 + 2 * M)
     short = store.submit_job("nlp", POOL, 4, 0, 1800.0, None, T0 + 3 * M)
-    _ready(rig, "n1", (first.id,))
+    rig.launched_ready("n1", (first.id,), T0 + M)
     node = store.get_node("n1")
     assert rig.queue.claim_for_node(node, 8, T0 + 5 * M).id == first.id  # its launch's job
 
