@@ -122,27 +122,23 @@ class Executor:
             self.store.add_decision(decision)
         for policy, memory in plan.memory.items():
             self.store.save_memory(policy, memory)
-        self._order_onprem(plan)
+        self._keep_onprem(plan)
         return self.run(plan.actions)
 
-    def _order_onprem(self, plan: Plan) -> None:
-        """Hand each decision's on-prem order (``trigger.onprem_order``) to the fabric, which
-        has the on-prem scheduler start the kept jobs in it (Slurm: their nice), and its kept
-        jobs (``trigger.spare_room``), which it keeps off the burst nodes they may not take
-        (Slurm: their ExcNodeList). Best effort: a Slurm that cannot take it now is logged
-        there, and the plan's actions go on."""
-        apply = getattr(self.fabric, "order_onprem", None)
-        keep_off = getattr(self.fabric, "keep_off_burst", None)
+    def _keep_onprem(self, plan: Plan) -> None:
+        """Hand each decision's kept jobs to the fabric: their on-prem order
+        (``trigger.onprem_order``), which the on-prem scheduler is to start them in (Slurm: their
+        nice), and the burst nodes they may not take (``Decision.kept_off``; Slurm: their
+        ExcNodeList, the built-in queue: its claim). Best effort: a Slurm that cannot take it now
+        is logged there, and the plan's actions go on."""
+        apply = getattr(self.fabric, "keep_onprem", None)
+        if apply is None:
+            return
         for decision in plan.decisions:
             policy = self.policies.get(decision.policy)
-            if policy is None:
-                continue
-            if decision.onprem_order and apply is not None:
-                apply(policy, decision.onprem_order)
-            if keep_off is not None and decision.kept_off is not None:
-                # trigger.spare_room: the kept jobs off the burst nodes they may not take (an
-                # empty list too: what an earlier plan kept off is lifted, held nodes resumed)
-                keep_off(policy, decision.kept_off)
+            if policy is not None and (decision.onprem_order or decision.kept_off is not None):
+                # (an empty kept list too: what an earlier plan kept off is lifted)
+                apply(policy, decision.onprem_order, decision.kept_off)
 
     def run(self, actions: Iterable[Action]) -> ExecutionReport:
         report = ExecutionReport()

@@ -27,11 +27,15 @@ class BuiltinFabric:
     def __init__(self, queue: BuiltinQueue):
         self.queue = queue
 
-    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
-        """Record the jobs the policy keeps for on-prem (``trigger.spare_room``; ``kept``: the
-        decision's :class:`~orchestrator.planner.spare_room.KeptOnPrem`), which the queue's claim
-        reads (:meth:`BuiltinQueue.claim_for_node`); returns how many rows changed."""
-        return self.queue.store.keep_onprem(policy.name, kept.kept if kept is not None else ())
+    def keep_onprem(self, policy: Policy, order: tuple[str, ...], kept: Any) -> int:
+        """Record the jobs the policy keeps for on-prem under ``trigger.spare_room`` (``kept``:
+        the decision's :class:`~orchestrator.planner.spare_room.KeptOnPrem`), which the queue's
+        claim reads (:meth:`BuiltinQueue.claim_for_node`); returns how many rows changed. The
+        built-in queue takes no on-prem order (``order``), and without the rule its claim reads
+        no list: nothing is written."""
+        if kept is None or not policy.trigger.spare_room.enabled:
+            return 0
+        return self.queue.store.keep_onprem(policy.name, kept.kept)
 
     def request_release(self, node: Node, deadline: datetime) -> None:
         # Nothing to call: the agent reads the drain from its heartbeat answer.

@@ -35,18 +35,11 @@ class FabricRouter:
     def for_node(self, node: Node) -> Fabric:
         return self.by_policy.get(node.policy, self.default)
 
-    def order_onprem(self, policy: Policy, order: tuple[str, ...]) -> int:
-        """The policy's fabric's ``order_onprem`` (the on-prem order of the jobs it keeps), where
-        that fabric has one (Slurm); 0 elsewhere."""
-        fabric = self.by_policy.get(policy.name, self.default)
-        apply = getattr(fabric, "order_onprem", None)
-        return apply(policy, order) if apply is not None else 0
-
-    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
-        """The policy's fabric's ``keep_off_burst`` (the kept jobs off burst nodes they may not
-        take, ``trigger.spare_room``), where it has one; else 0."""
-        apply = getattr(self.by_policy.get(policy.name, self.default), "keep_off_burst", None)
-        return 0 if apply is None else apply(policy, kept)
+    def keep_onprem(self, policy: Policy, order: tuple[str, ...], kept: Any) -> int:
+        """The policy's fabric's ``keep_onprem`` (the decision's kept jobs: their on-prem order,
+        and off the burst nodes they may not take), where that fabric has one; else 0."""
+        apply = getattr(self.by_policy.get(policy.name, self.default), "keep_onprem", None)
+        return 0 if apply is None else apply(policy, order, kept)
 
     def request_release(self, node: Node, deadline: datetime) -> None:
         self.for_node(node).request_release(node, deadline)

@@ -156,19 +156,43 @@ class SlurmFabric:
         member = self.store.fabric_member(node.id)
         return None if member is None else member.name
 
-    # -- the on-prem order (trigger.onprem_order) ----------------------------------------------
-    def order_onprem(self, policy: Policy, order: tuple[str, ...]) -> int:
+    # -- the kept jobs: their on-prem order (trigger.onprem_order), off burst nodes -----------
+    def keep_onprem(self, policy: Policy, order: tuple[str, ...], kept: Any) -> int:
+        """The fabric's part of a decision's kept jobs: their on-prem order (``order``,
+        :meth:`order_onprem`) and their exclusion from burst nodes (``kept``, None: not asked;
+        :meth:`keep_off_burst`), on one read of the partition's pending jobs. Returns how many
+        job updates were made."""
+        pending = None
+        if order and kept is not None:
+            try:
+                pending = self._pending(policy)
+            except SlurmError as exc:
+                log.warning("policy %s: the kept jobs were not applied: %s", policy.name, exc)
+                return 0
+        done = self.order_onprem(policy, order, pending)
+        if kept is not None:
+            done += self.keep_off_burst(policy, kept, pending)
+        return done
+
+    def _pending(self, policy: Policy) -> dict[str, dict[str, Any]]:
+        """The policy partition's pending jobs by id (their ``squeue --json`` records)."""
+        partition = policy.queue.partition
+        return {str(job.get("job_id")): job for job in self.cli(policy).jobs()
+                if job.get("job_state") == "PENDING" and in_partition(job, partition)}
+
+    def order_onprem(self, policy: Policy, order: tuple[str, ...],
+                     pending: dict[str, dict[str, Any]] | None = None) -> int:
         """Have Slurm start the jobs the policy keeps for on-prem in ``order`` (first first):
         their nice set so their priorities come first, in that order
-        (:mod:`orchestrator.fabric.onprem_order`). Returns how many jobs were updated."""
+        (:mod:`orchestrator.fabric.onprem_order`). ``pending``: the partition's pending jobs
+        where already read. Returns how many jobs were updated."""
         if not order:
             return 0
         cli = self.cli(policy)
-        partition = policy.queue.partition
         raised = self._raised.setdefault(policy.name, set())
         try:
-            pending = {str(job.get("job_id")): job for job in cli.jobs()
-                       if job.get("job_state") == "PENDING" and in_partition(job, partition)}
+            if pending is None:
+                pending = self._pending(policy)
             changes = nice_values(pending, order, raised)
             for job_id, nice in changes.items():
                 cli.set_nice(job_id, nice)
@@ -184,24 +208,24 @@ class SlurmFabric:
                      policy.name, len(changes), len(order), order[0])
         return len(changes)
 
-    # -- the kept jobs off burst nodes (trigger.spare_room) ------------------------------------
-    def keep_off_burst(self, policy: Policy, kept: Any) -> int:
+    def keep_off_burst(self, policy: Policy, kept: Any,
+                       pending: dict[str, dict[str, Any]] | None = None) -> int:
         """Keep the jobs the policy keeps for on-prem off the burst nodes they may not take
         (``kept``: the decision's :class:`~orchestrator.planner.spare_room.KeptOnPrem`), lift
         that from jobs no longer kept, then resume the dynamic nodes held drained until now
-        (:mod:`orchestrator.fabric.kept_off`). Returns how many jobs were updated; best effort
-        (a Slurm error is logged, the next plan writes its exclusions afresh)."""
+        (:mod:`orchestrator.fabric.kept_off`). ``pending``: the partition's pending jobs where
+        already read. Returns how many jobs were updated; best effort (a Slurm error is logged,
+        the next plan writes its exclusions afresh)."""
         cli = self.cli(policy)
         config = policy.fabric.slurm
-        partition = policy.queue.partition
         try:
             present = {str(n.get("name")): n for n in cli.nodes()}
             members = {m.node_id: m.name for m in self.store.fabric_members(slurm_scope(policy))
                        if m.node_id is not None}
             burst = set(config.slot_names()) | {name for name in members.values()
                                                  if name in present}
-            pending = {str(job.get("job_id")): job for job in cli.jobs()
-                       if job.get("job_state") == "PENDING" and in_partition(job, partition)}
+            if pending is None:
+                pending = self._pending(policy)
             allowed: dict[str, set[str]] = {}
             if kept is not None:
                 for job_id, nodes in kept.allowed_nodes().items():

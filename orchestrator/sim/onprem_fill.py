@@ -17,7 +17,7 @@ affects the jobs behind it is the :class:`Backfill` rule:
   :mod:`orchestrator.planner.backfill`) at most every ``bf_interval_s``.
 
 Under ``easy``, the jobs the last plan kept for on-prem in its order (``trigger.onprem_order:
-longest-first``, handed over as the fabric's :meth:`OnPremFill.order_onprem`) come first, in that order, as
+longest-first``, handed over as the fabric's :meth:`OnPremFill.keep_onprem`) come first, in that order, as
 Slurm starts them once burst has raised their priority (:mod:`orchestrator.fabric.onprem_order`):
 their heap's keys sort ahead of every other job's. A new order replaces the last; an empty one
 changes nothing. ``slurm`` and ``first-fit`` do not read it.
@@ -60,10 +60,12 @@ def _entry_key(item: tuple) -> tuple:
 class OnPremFill:
     """The on-prem fills of the world (module docstring)."""
 
-    def order_onprem(self, policy: Policy, ids: tuple[str, ...]) -> int:
-        """The fabric's on-prem order, as Slurm's (:mod:`orchestrator.fabric.onprem_order`): the
-        jobs the last plan kept for on-prem (``trigger.onprem_order: longest-first``; module
-        docstring) are taken first under ``easy``, in that order. Returns the jobs ordered."""
+    def keep_onprem(self, policy: Policy, ids: tuple[str, ...], kept: object = None) -> int:
+        """The fabric's part of the kept jobs: their on-prem order, as Slurm's
+        (:mod:`orchestrator.fabric.onprem_order`): the jobs the last plan kept for on-prem
+        (``trigger.onprem_order: longest-first``; module docstring) are taken first under
+        ``easy``, in that order. Returns the jobs ordered. (``kept``, the jobs kept off burst
+        nodes: the policy controller hands them to the burst dispatcher, ``sim.sparefill``.)"""
         if not ids or ids == self._order_ids:
             return 0  # (an empty order changes nothing: raised priorities stay until jobs start)
         self._order_ids = ids

@@ -127,9 +127,7 @@ class SpareFill:
             divisor = 1.0 - share * gpus / pool.size[index]
             if divisor <= 0:
                 return math.inf
-            runs = self.node_jobs.get(self._burst_ids[index], ())
-            busy = max((j.start_s + j.run_s for j in runs), default=now) - now
-            best = max(best, busy / divisor)
+            best = max(best, self._busy_s(index, now) / divisor)
         return best
 
     def _spare_room(self, job: SimJob, now: float) -> Allocation | None:
@@ -148,8 +146,11 @@ class SpareFill:
             allowed = allowed_extension_s(job.gpus, runtime, pool.size[index], share)
             if allowed is None:
                 continue
-            runs = self.node_jobs.get(self._burst_ids[index], ())
-            busy = max((j.start_s + j.run_s for j in runs), default=now) - now
-            if max(0.0, float(runtime) - busy) <= allowed:
+            if max(0.0, float(runtime) - self._busy_s(index, now)) <= allowed:
                 return ((index, job.gpus),)
         return None
+
+    def _busy_s(self, index: int, now: float) -> float:
+        """How long burst node ``index``'s running jobs keep it busy from ``now`` (0: idle)."""
+        runs = self.node_jobs.get(self._burst_ids[index], ())
+        return max((j.start_s + j.run_s for j in runs), default=now) - now

@@ -170,7 +170,7 @@ class World(OnPremFill, BurstFill, SpareFill):
         # (orchestrator.sim.burstfill). Trace job ids -> jobs, to read the launch's ids.
         self._claims: dict[int, tuple[SimJob, ...]] = {}
         # trigger.onprem_order: the last plan's order of the jobs it kept for on-prem, as a heap
-        # of the on-prem fill (orchestrator.sim.onprem_fill.OnPremFill.order_onprem), and its ids
+        # of the on-prem fill (orchestrator.sim.onprem_fill.OnPremFill.keep_onprem), and its ids
         self._order_heap: list = []
         self._order_ids: tuple[str, ...] = ()
         self._by_id: dict[str, SimJob] = {job.trace.job_id: job for job in self.jobs}

@@ -32,14 +32,14 @@ def test_a_kept_job_takes_a_nodes_room_only_where_the_nodes_work_outlasts_it(sto
     # The plan keeps both for on-prem: the ten-hour job would keep the node for eight hours
     # after its work ends (max_extension 0 allows none); the half-hour one adds nothing.
     kept = KeptOnPrem((long.id, short.id), (), 0.0)
-    assert rig.fabric.keep_off_burst(policy, kept) == 2
-    assert rig.fabric.keep_off_burst(policy, kept) == 0  # nothing changes
+    assert rig.fabric.keep_onprem(policy, (), kept) == 2
+    assert rig.fabric.keep_onprem(policy, (), kept) == 0  # nothing changes
     assert store.kept_onprem(policy.name) == {long.id, short.id}
     assert rig.queue.claim_for_node(node, 4, T0 + 6 * M).id == short.id
     assert store.get_job(long.id).state.value == "pending"
 
     # A later plan keeps it no more (due for the cloud, say): it is handed as before.
-    assert rig.fabric.keep_off_burst(policy, KeptOnPrem((), (), 0.0)) == 2
+    assert rig.fabric.keep_onprem(policy, (), KeptOnPrem((), (), 0.0)) == 2
     assert store.kept_onprem(policy.name) == frozenset()
     rig.queue.finish(short.id, "n1", "succeeded", 0, T0 + 8 * M)
     assert rig.queue.claim_for_node(store.get_node("n1"), 4, T0 + 9 * M).id == long.id

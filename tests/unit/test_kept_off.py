@@ -87,15 +87,62 @@ def test_the_router_hands_the_kept_jobs_to_the_policys_fabric_only_where_it_has_
     calls = []
 
     class Keeping:
-        def keep_off_burst(self, policy, kept):
-            calls.append((policy.name, kept))
+        def keep_onprem(self, policy, order, kept):
+            calls.append((policy.name, order, kept))
             return 1
 
     router = FabricRouter(SimpleNamespace(), {"slurm-policy": Keeping()})
     kept = KeptOnPrem(("a",), (), 0.0)
-    assert router.keep_off_burst(SimpleNamespace(name="slurm-policy"), kept) == 1
-    assert router.keep_off_burst(SimpleNamespace(name="builtin-policy"), kept) == 0
-    assert calls == [("slurm-policy", kept)]
+    assert router.keep_onprem(SimpleNamespace(name="slurm-policy"), (), kept) == 1
+    assert router.keep_onprem(SimpleNamespace(name="builtin-policy"), (), kept) == 0
+    assert calls == [("slurm-policy", (), kept)]
+
+
+def test_the_slurm_fabric_reads_the_pending_jobs_once_for_the_order_and_the_exclusions(tmp_path):
+    # A plan that keeps jobs in order with spare_room hands both to Slurm: one squeue read.
+    from datetime import UTC, datetime
+
+    from orchestrator.fabric.slurm import SlurmFabric
+    from orchestrator.store import Store
+    from tests.builders import FixedClock
+    from tests.slurm_env import slurm_policy
+
+    class Cli:  # what the fabric reads and writes of Slurm, counted
+        def __init__(self):
+            self.reads, self.writes = 0, []
+
+        def jobs(self):
+            self.reads += 1
+            return [{"job_id": 7, "job_state": "PENDING", "partition": "gpu", "priority": 10,
+                     "nice": 0, "excluded_nodes": ""}]
+
+        def nodes(self):
+            return []
+
+        def set_nice(self, job_id, nice):
+            self.writes.append(("nice", job_id))
+
+        def set_excluded(self, job_ids, names):
+            self.writes.append(("exclude", tuple(job_ids), tuple(names)))
+
+        def hostnames(self, expr):
+            return expand_hostlist(expr)
+
+    store = Store(f"sqlite:///{tmp_path / 'burst.db'}")
+    store.upgrade()
+    policy = slurm_policy(tmp_path / "slurm.conf", join="slot", slots=["burst-[1-4]"],
+                          trigger={"wait_slo": "30m", "wait_model": "nodes",
+                                   "onprem_order": "longest-first",
+                                   "spare_room": {"enabled": True, "max_extension": 0}})
+    cli = Cli()
+    fabric = SlurmFabric(store, {policy.name: policy},
+                         FixedClock(datetime(2026, 1, 1, tzinfo=UTC)), cli_factory=lambda conf: cli)
+    kept = KeptOnPrem(("7",), (), 0.0, jobs=[make_job("7", gpus=4, duration_s=600.0)])
+    assert fabric.keep_onprem(policy, ("7",), kept) == 2
+    assert cli.reads == 1
+    slots = ("burst-1", "burst-2", "burst-3", "burst-4")
+    assert cli.writes == [("nice", "7"), ("exclude", ("7",), slots)]
+    store.close()
 
 
 def test_the_executor_hands_every_spare_room_decision_to_the_fabric_even_an_empty_one(tmp_path):
@@ -111,7 +158,7 @@ def test_the_executor_hands_every_spare_room_decision_to_the_fabric_even_an_empt
     calls = []
 
     class Keeping:
-        def keep_off_burst(self, policy, kept):
+        def keep_onprem(self, policy, order, kept):
             calls.append((policy.name, kept.kept))
             return 0
 

@@ -68,11 +68,11 @@ def test_the_router_hands_the_order_to_the_policys_fabric_only_where_it_has_one(
     calls = []
 
     class Ordering:
-        def order_onprem(self, policy, order):
-            calls.append((policy.name, order))
+        def keep_onprem(self, policy, order, kept):
+            calls.append((policy.name, order, kept))
             return len(order)
 
     router = FabricRouter(SimpleNamespace(), {"slurm-policy": Ordering()})
-    assert router.order_onprem(SimpleNamespace(name="slurm-policy"), ("a", "b")) == 2
-    assert router.order_onprem(SimpleNamespace(name="builtin-policy"), ("a",)) == 0
-    assert calls == [("slurm-policy", ("a", "b"))]
+    assert router.keep_onprem(SimpleNamespace(name="slurm-policy"), ("a", "b"), None) == 2
+    assert router.keep_onprem(SimpleNamespace(name="builtin-policy"), ("a",), None) == 0
+    assert calls == [("slurm-policy", ("a", "b"), None)]
