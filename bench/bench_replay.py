@@ -106,6 +106,8 @@ def main() -> None:
           f"% of GPU-h; never: SLO {100 * floor['slo_attainment']:.2f} %")
     if profiler is not None:
         stats = pstats.Stats(profiler)
+        if os.environ.get("BURST_PROFILE_OUT"):
+            stats.dump_stats(os.environ["BURST_PROFILE_OUT"])
         stats.sort_stats("tottime").print_stats(30)
         stats.sort_stats("cumulative").print_stats(30)
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 
+from orchestrator.domain.evolve import evolve
 from orchestrator.domain.nodes import Node, NodeState, OwnershipTags
 from orchestrator.domain.offerings import Offering, offering_from_key
 from orchestrator.domain.plan import Action, ActionReason, Drain, Launch, Plan, Terminate
@@ -334,7 +335,7 @@ class Executor:
         current = self.store.get_node(node.id) or node
         if current.state is not NodeState.REQUESTED:
             return
-        launched = replace(current, instance_id=instance.id, launch_attempts=current.launch_attempts + 1)
+        launched = evolve(current, instance_id=instance.id, launch_attempts=current.launch_attempts + 1)
         new, event = transition(launched, NodeState.LAUNCHING, at=self.clock.now(),
                                 reason="provider accepted launch", instance_id=instance.id)
         if self.store.save_transition(current, new, event):
@@ -360,7 +361,7 @@ class Executor:
             node = self.store.get_node(action.node_id)
             if node is None or node.state is not NodeState.READY:
                 return  # already draining or gone: nothing to do twice
-            draining = replace(node, drain_deadline=action.deadline)
+            draining = evolve(node, drain_deadline=action.deadline)
             new, event = transition(draining, NodeState.DRAINING, at=self.clock.now(),
                                     reason=str(action.reason), deadline=action.deadline.isoformat(),
                                     decision=action.decision_id)

@@ -9,10 +9,11 @@ the reconciler, never scattered ifs.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from orchestrator.domain.evolve import evolve
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.plan import ActionReason
 from orchestrator.policy.models import Policy
@@ -100,7 +101,7 @@ def transition(
         raise IllegalTransition(
             f"node {node.id}: {node.state} -> {target} is not allowed (reason: {reason})"
         )
-    changed = replace(node, state=target, state_since=at, version=node.version + 1)
+    changed = evolve(node, state=target, state_since=at, version=node.version + 1)
     return changed, NodeEvent(node.id, at, node.state, target, reason, dict(details))
 
 

@@ -19,7 +19,9 @@ cloud, but nothing leaves the process and time is whatever the injected clock sa
   offering): a measured availability time series (1 = capacity there / instance alive). A launch
   in a tick with no capacity fails with :class:`CapacityError`, and a running instance is
   interrupted at the series' next drop (alive -> gone); each such event applies with probability
-  ``keep`` (how much of the measured disruption this offering sees), drawn per request.
+  ``keep`` (how much of the measured disruption this offering sees), drawn per request;
+* **forgetting**: an instance terminated more than an hour ago is no longer listed, and later
+  (swept once an hour of virtual time) no longer described: only its bill is kept.
 
 Every random draw for a launch comes from a generator seeded with ``(seed, request id)``, so the
 same inputs give the same instances, boot times and interruptions whatever else happened before
@@ -228,6 +230,11 @@ class SimProvider:
         self._catalogue = {o.key: o for o in offerings}
         self._now: Callable[[], datetime] = self.clock.now  # type: ignore[attr-defined]
         self._records: dict[str, _Record] = {}
+        # Instances gone longer than LISTED_AFTER_TERMINATION, as the API forgets them: only
+        # their final bills are kept (a replay launches thousands; their user data and records
+        # would hold tens of MiB to the end).
+        self._settled: dict[str, Bill] = {}
+        self._swept_at: datetime | None = None
         self._by_request: dict[str, str] = {}
         self._next = 0
         self._faults: list[str] = []
@@ -255,6 +262,7 @@ class SimProvider:
                         offering_key=offering.key, request_id=req.request_id,
                         code=code) from SimApiError(code)
         now = self._now()
+        self._sweep(now)
         # One generator per request: a request's fate does not depend on what ran before it.
         rng = random.Random(f"{self.seed}|{req.request_id}")
         refused = rng.random() < self.rates.capacity_error(offering.market)
@@ -331,22 +339,34 @@ class SimProvider:
         return self._records[instance_id].user_data
 
     def bills(self, until: datetime | None = None) -> list[Bill]:
-        """Each instance's billed time and cost, in launch order. Instances still running are
-        billed up to ``until`` (default: now)."""
+        """Each instance's billed time and cost, in launch order (the forgotten ones' too).
+        Instances still running are billed up to ``until`` (default: now)."""
         end_default = until or self._now()
-        bills = []
-        for instance_id, record in self._records.items():
+        bills = list(self._settled.values())
+        for record in self._records.values():
             self._observe(record)
-            ended = record.terminated_at
-            seconds = ((ended or end_default) - record.timeline.launched_at).total_seconds()
-            billed = record.offering.billing.billed_seconds(max(seconds, 0.0))
-            micro = round(billed * record.offering.price_usd_hour * 1_000_000 / 3600)
-            bills.append(Bill(instance_id, record.offering.key, record.offering.gpus,
-                              record.offering.price_usd_hour, record.timeline.launched_at, ended,
-                              billed, micro))
+            bills.append(_bill(record, end_default))
+        # Ids count launches up: their order (shorter first) is the launch order.
+        bills.sort(key=lambda bill: (len(bill.instance_id), bill.instance_id))
         return bills
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _sweep(self, now: datetime) -> None:
+        """Forget the instances terminated longer than LISTED_AFTER_TERMINATION ago, keeping
+        their bills (final: their billing ended); at most once a LISTED_AFTER_TERMINATION of
+        virtual time, so a sweep's cost is spread over that time's launches."""
+        if self._swept_at is not None and now - self._swept_at < LISTED_AFTER_TERMINATION:
+            return
+        self._swept_at = now
+        gone = [instance_id for instance_id, record in self._records.items()
+                if record.terminated_at is not None
+                and now - record.terminated_at > LISTED_AFTER_TERMINATION]
+        for instance_id in gone:
+            record = self._records.pop(instance_id)
+            self._by_request.pop(record.request_id, None)  # (its idempotency token lapses too)
+            self._settled[instance_id] = _bill(record, now)
+
 
     def _observe(self, record: _Record) -> Instance:
         """The instance as it is now (state follows the virtual clock)."""
@@ -366,6 +386,16 @@ class SimProvider:
         if record.instance.state is not state:
             record.instance = replace(record.instance, state=state)
         return record.instance
+
+
+def _bill(record: _Record, until: datetime) -> Bill:
+    """What the record's instance cost: to its termination, else to ``until``."""
+    ended = record.terminated_at
+    seconds = ((ended or until) - record.timeline.launched_at).total_seconds()
+    billed = record.offering.billing.billed_seconds(max(seconds, 0.0))
+    micro = round(billed * record.offering.price_usd_hour * 1_000_000 / 3600)
+    return Bill(record.instance.id, record.offering.key, record.offering.gpus,
+                record.offering.price_usd_hour, record.timeline.launched_at, ended, billed, micro)
 
 
 def as_sim(offering: Offering) -> Offering:

@@ -22,7 +22,7 @@ import json
 import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 FORMAT_VERSION = 1
@@ -152,7 +152,9 @@ class Bootstrap:
 
     def render(self) -> str:
         """The user-data script (bash, for cloud-init)."""
-        values = asdict(self)
+        # Every field is a plain str or number: a shallow read is what asdict's deep copy gives,
+        # at a fraction of its cost (one render per launch).
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
         exports = "\n".join(
             f"export {ENV_NAMES[name]}={shlex.quote(str(values[name]))}" for name in ENV_NAMES
         )

@@ -188,15 +188,15 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
                 if books is not None or _has_quotas(policy) else None)
     admit = (NodeAdmitter(Admission(policy, books, now, held_now), nodes)
              if held_now is not None else None)
-    demand = absorb(queue, nodes, policy, census, admit)
     spare_turns_s = math.inf  # trigger.spare_room: when a job let onto spare room would not be
     spare_busy = None  # (and the burst nodes' work, as its absorption read it)
-    if (demand.burst_absorbed and queue is not None and policy.trigger.spare_room.enabled
+    if (queue is not None and policy.trigger.spare_room.enabled
             and policy.trigger.wait_slo is not None):
-        demand, admit = _spared(demand, queue, nodes, policy, census, admit, snapshot, now)
-        if isinstance(admit, SpareAdmit):
-            spare_turns_s = admit.turns_s
-            spare_busy = tuple(admit.busy.values())
+        admit = _spare_admit(queue, nodes, policy, admit, snapshot, now)
+    demand = absorb(queue, nodes, policy, census, admit)
+    if isinstance(admit, SpareAdmit):
+        spare_turns_s = admit.turns_s
+        spare_busy = tuple(admit.busy.values())
     if demand.burst_absorbed and queue is not None and staging.applies(policy, demand.ordered):
         demand = _unstaged(demand, queue, nodes, policy, census, admit, now)
     # The wait-aware rule (trigger.wait_slo): only the unmet jobs due now may launch (the others
@@ -569,15 +569,17 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
     return "nodes" if problem is None else f"pooled ({problem})"
 
 
-def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
-            census: Census, admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
-            ) -> tuple[Demand, NodeAdmitter | SpareAdmit | None]:
-    """Absorption again, refusing a job on a burst node it would lengthen beyond its share
-    (``trigger.spare_room``, :class:`.spare_room.SpareAdmit`), where a node has room (ready with
-    GPUs free, or booting); the demand and the admitter to read it with."""
+def _spare_admit(queue: PoolQueue, nodes: list[Node], policy: Policy,
+                 admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
+                 ) -> NodeAdmitter | SpareAdmit | None:
+    """The admitter absorption asks under ``trigger.spare_room`` (:class:`.spare_room.SpareAdmit`:
+    a job is refused on a burst node it would lengthen beyond its share) where a node has room
+    (ready with GPUs free, or booting); else ``admit`` as it is. Where no burst node takes a job
+    without it, none takes one with it (it only refuses more), so absorption asks it at once
+    rather than absorbing twice."""
     if not any(n.state.in_flight or (n.state is NodeState.READY and n.gpus_busy < n.gpus)
                for n in nodes):
-        return demand, admit
+        return admit
     wanted = {j for n in nodes if n.state.in_flight for j in n.launched_for}
     launched: dict[str, float | None] = {}
     if wanted:  # the runtimes of the jobs the booting nodes are for
@@ -592,8 +594,7 @@ def _spared(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,
             runtime = float(durations[index])
             launched[job_id] = None if math.isnan(runtime) else runtime
     busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now, launched)}
-    spare = SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
-    return absorb(queue, nodes, policy, census, spare), spare  # type: ignore[arg-type]
+    return SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
 
 
 def _unstaged(demand: Demand, queue: PoolQueue, nodes: list[Node], policy: Policy,

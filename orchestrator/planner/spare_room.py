@@ -189,21 +189,23 @@ class KeptOnPrem:
                 "only where they lengthen its bill by at most their share (trigger.spare_room)")
 
 
-def busy_nodes(nodes: Iterable[Node], runs: Iterable[BurstRun], now: datetime,
+def busy_nodes(nodes: Iterable[Node], runs: Sequence[BurstRun], now: datetime,
                launched: Mapping[str, float | None] | None = None) -> list[Busy]:
     """The burst nodes up or on their way, and how long their work keeps them busy: a ready
     node's running jobs; a node still booting, the longest of the pending jobs it was launched
     for (``launched``: their runtimes by id; unknown: for ever), as those take it first."""
-    busy: dict[str, float] = {}
-    for run in runs:
-        left = (INF if run.duration_s is None
-                else (run.started_at - now).total_seconds() + float(run.duration_s))
-        if left > busy.get(run.node_id, 0.0):
-            busy[run.node_id] = left
+    last = _last_runs(runs)
     out = []
     for n in nodes:
         if n.state is NodeState.READY:
-            out.append(Busy(n.id, n.gpus, busy.get(n.id, 0.0)))
+            run = last.get(n.id)
+            if run is None:
+                left = 0.0
+            elif run.duration_s is None:
+                left = INF
+            else:
+                left = max(0.0, (run.started_at - now).total_seconds() + float(run.duration_s))
+            out.append(Busy(n.id, n.gpus, left))
         elif n.state.in_flight:
             longest = 0.0
             for job_id in n.launched_for:
@@ -212,6 +214,39 @@ def busy_nodes(nodes: Iterable[Node], runs: Iterable[BurstRun], now: datetime,
                     longest = max(longest, INF if runtime is None else float(runtime))
             out.append(Busy(n.id, n.gpus, longest, frozenset(n.launched_for)))
     return out
+
+
+def _last_runs(runs: Sequence[BurstRun]) -> dict[str, BurstRun]:
+    """Per burst node, the run on it that ends last (one of unknown runtime before any): which
+    one that is does not move with the clock, so a plan reads only that run's time left.
+
+    A pure memo keyed on the identity of the runs tuple (the entry keeps it alive, so its id is
+    not reused while cached), as :func:`.order.ordered` keys the pending jobs: the simulator hands
+    the same tuple for as long as no job starts or ends on a burst node. A list is never
+    memoized."""
+    if type(runs) is tuple:
+        cached = _LAST_RUNS
+        if cached[0] is runs:
+            return cached[1]
+    last: dict[str, BurstRun] = {}
+    ends: dict[str, float] = {}
+    for run in runs:
+        end = (INF if run.duration_s is None
+               else run.started_at.timestamp() + float(run.duration_s))
+        if end > ends.get(run.node_id, -INF):
+            ends[run.node_id] = end
+            last[run.node_id] = run
+    if type(runs) is tuple:
+        _remember_runs(runs, last)
+    return last
+
+
+_LAST_RUNS: tuple[tuple | None, dict[str, BurstRun]] = (None, {})
+
+
+def _remember_runs(runs: tuple, last: dict[str, BurstRun]) -> None:
+    global _LAST_RUNS  # noqa: PLW0603 - one entry, replaced whole (a reader sees old or new)
+    _LAST_RUNS = (runs, last)
 
 
 def node_gpus_of(node: Busy | None) -> float:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from orchestrator.domain.evolve import evolve
 from orchestrator.domain.nodes import Node, NodeState
 from orchestrator.domain.placement import GroupRecord, GroupState
 from orchestrator.domain.plan import Decision
@@ -101,7 +102,7 @@ class SimStore:
         current = self._nodes.get(old.id)
         if current is None or current.version != old.version:
             return None
-        new = replace(current, **changes, version=current.version + 1)
+        new = evolve(current, **changes, version=current.version + 1)
         self._put(new)
         return new
 
@@ -114,7 +115,7 @@ class SimStore:
     def set_usage(self, node_id: str, **changes: Any) -> Node:
         """Fold the fabric's view of a node (GPUs busy, jobs, idle since, released) into its
         record, as :mod:`orchestrator.observe` folds it into each snapshot's copy."""
-        new = replace(self._nodes[node_id], **changes)
+        new = evolve(self._nodes[node_id], **changes)
         self._put(new)
         return new
 
@@ -200,6 +201,9 @@ class SimStore:
         if node.state is NodeState.TERMINATED:
             if self._live.pop(node.id, None) is not None:
                 self.terminated_log.append(node.id)
+                # Only the launch reads the creating event (the intent's user): a replay's
+                # thousands of ended nodes would hold theirs to the end.
+                self._created.pop(node.id, None)
         else:
             self._live[node.id] = node
         self._live_tuple = None

@@ -84,6 +84,29 @@ def test_billing_is_per_second_with_the_offering_minimum_at_the_requested_price(
     assert bills[long.id].billed_s == 3600 and bills[long.id].cost_micro_usd == 4_000_000
 
 
+def test_an_instance_gone_an_hour_is_forgotten_but_its_bill_is_kept_in_launch_order():
+    """A replay launches thousands: an instance terminated more than an hour ago is swept (at a
+    later launch) down to its final bill, which stays where it was among the bills."""
+    clock = SimClock()
+    sim = provider(clock)
+    launched = [sim.launch(request(n, ON_DEMAND))[0] for n in range(1, 4)]
+    clock.t = 600
+    sim.terminate([launched[1].id])
+    before = sim.bills()
+    assert sim.user_data(launched[1].id) == "#!/bin/bash\n"
+    clock.t = 600 + 3601
+    [late] = sim.launch(request(4, ON_DEMAND))  # sweeps
+    assert sim.describe([launched[1].id]) == []  # forgotten, as a cloud's API forgets it
+    with pytest.raises(KeyError):
+        sim.user_data(launched[1].id)
+    assert [i.id for i in sim.describe([i.id for i in launched])] == [launched[0].id,
+                                                                      launched[2].id]
+    bills = sim.bills(until=at(600))
+    assert [b.instance_id for b in bills] == [i.id for i in launched] + [late.id]
+    assert bills[:3] == before  # the forgotten one's bill is the one it had
+    assert bills[1].ended_at == at(600) and bills[1].billed_s == 600
+
+
 def test_capacity_errors_come_at_the_configured_rate_and_carry_the_request():
     sim = provider(rates={"spot_capacity_error": 0.3})
     errors = 0

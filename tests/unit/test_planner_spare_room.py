@@ -11,6 +11,8 @@
   recorded.
 * Off (the default), the decision is what it was: no ``spare_room`` record.
 * The policy refuses it without ``wait_slo`` and a ``max_extension`` outside [0, 1].
+* How long a node's work keeps it busy is the longest time left of its runs (hypothesis: the
+  memo on the runs tuple answers as a fresh read, at any later instant).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from orchestrator.planner.spare_room import (
     RECORDED,
     Busy,
     allowed_extension_s,
+    busy_nodes,
     may_join,
     wide_allowed,
 )
@@ -213,3 +216,24 @@ def test_absorption_refuses_a_burst_nodes_room_to_a_kept_job_that_would_outlast_
     # nodes would: allowed, so it is absorbed as before.
     fits = plan(snapshot, [policy({"enabled": True, "max_extension": 1.0})], T0).decisions[0]
     assert "wait_aware" not in fits.inputs
+
+
+RUN = st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.integers(-7200, 0),
+                st.none() | st.integers(1, 14_400).map(float))
+
+
+@given(st.lists(RUN, max_size=8), st.lists(st.integers(0, 20_000), min_size=1, max_size=3))
+def test_a_nodes_busy_time_is_its_longest_run_left_at_any_instant(specs, laters) -> None:
+    runs = tuple(BurstRun(f"j{i}", "research", node, 1, T0 + timedelta(seconds=start), duration)
+                 for i, (node, start, duration) in enumerate(specs))
+    nodes = [make_node(n, state=NodeState.READY) for n in ("n1", "n2", "n3")]
+    for later in laters:  # one runs tuple, read again as the clock moves
+        now = T0 + timedelta(seconds=later)
+        expected = {}
+        for node in ("n1", "n2", "n3"):
+            lefts = [float("inf") if r.duration_s is None
+                     else (r.started_at - now).total_seconds() + r.duration_s
+                     for r in runs if r.node_id == node]
+            expected[node] = max([0.0, *lefts])
+        assert {b.node: b.busy_for_s for b in busy_nodes(nodes, runs, now)} == expected
+        assert busy_nodes(nodes, list(runs), now) == busy_nodes(nodes, runs, now)
