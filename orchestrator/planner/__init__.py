@@ -192,7 +192,7 @@ def _plan_policy(snapshot: Snapshot, policy: Policy, now: datetime,
     spare_busy = None  # (and the burst nodes' work, as its absorption read it)
     if (queue is not None and policy.trigger.spare_room.enabled
             and policy.trigger.wait_slo is not None):
-        admit = _spare_admit(queue, nodes, policy, admit, snapshot, now)
+        admit = _spare_admit(queue, census, policy, admit, snapshot, now)
     demand = absorb(queue, nodes, policy, census, admit)
     if isinstance(admit, SpareAdmit):
         spare_turns_s = admit.turns_s
@@ -569,7 +569,7 @@ def _model_name(policy: Policy, queue: PoolQueue) -> str:
     return "nodes" if problem is None else f"pooled ({problem})"
 
 
-def _spare_admit(queue: PoolQueue, nodes: list[Node], policy: Policy,
+def _spare_admit(queue: PoolQueue, census: Census, policy: Policy,
                  admit: NodeAdmitter | None, snapshot: Snapshot, now: datetime
                  ) -> NodeAdmitter | SpareAdmit | None:
     """The admitter absorption asks under ``trigger.spare_room`` (:class:`.spare_room.SpareAdmit`:
@@ -577,10 +577,9 @@ def _spare_admit(queue: PoolQueue, nodes: list[Node], policy: Policy,
     (ready with GPUs free, or booting); else ``admit`` as it is. Where no burst node takes a job
     without it, none takes one with it (it only refuses more), so absorption asks it at once
     rather than absorbing twice."""
-    if not any(n.state.in_flight or (n.state is NodeState.READY and n.gpus_busy < n.gpus)
-               for n in nodes):
+    if not census.burst_free:  # (the nodes with room: ready with GPUs free, or in flight)
         return admit
-    wanted = {j for n in nodes if n.state.in_flight for j in n.launched_for}
+    wanted = {j for n in census.in_flight for j in n.launched_for}
     launched: dict[str, float | None] = {}
     if wanted:  # the runtimes of the jobs the booting nodes are for
         columns = ordered(queue.pending, policy).columns
@@ -593,7 +592,7 @@ def _spare_admit(queue: PoolQueue, nodes: list[Node], policy: Policy,
                 continue  # no longer pending
             runtime = float(durations[index])
             launched[job_id] = None if math.isnan(runtime) else runtime
-    busy = {b.node: b for b in busy_nodes(nodes, snapshot.burst_runs, now, launched)}
+    busy = {b.node: b for b in busy_nodes(census.nodes, snapshot.burst_runs, now, launched)}
     return SpareAdmit(busy, policy.trigger.spare_room.max_extension, admit)
 
 

@@ -34,6 +34,7 @@ class Census:
     spend_usd_hour: float = 0  # hourly prices of the live nodes (0, an int, when there is none)
     ready: list[Node] = field(default_factory=list)
     draining: list[Node] = field(default_factory=list)
+    in_flight: list[Node] = field(default_factory=list)  # requested, launching, booting, joining
     idle: list[Node] = field(default_factory=list)  # ready, running nothing for idle_for
     # ready, running jobs whose GPUs were measured under utilisation.idle_below_percent for
     # utilisation.idle_for (the snapshot's low_utilisation_since; unknown use is never here)
@@ -73,7 +74,8 @@ def take_census(nodes: Iterable[Node], policy: Policy, now: datetime | None,
     ready = census.ready = [n for n in live if n.state is _READY] if _READY in counts else []
     if _DRAINING in counts:
         census.draining = [n for n in live if n.state is _DRAINING]
-    in_flight = [n for n in live if n.state in _IN_FLIGHT] if not _IN_FLIGHT.isdisjoint(counts) else []
+    in_flight = census.in_flight = (
+        [n for n in live if n.state in _IN_FLIGHT] if not _IN_FLIGHT.isdisjoint(counts) else [])
     census.staying = len(ready) + len(in_flight)
     census.staying_gpus = sum(map(_GPUS, ready)) + sum(map(_GPUS, in_flight))
     idle_for = policy.scale_down.idle_for

@@ -43,6 +43,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from orchestrator.domain.jobs import Job
 from orchestrator.domain.nodes import Node, NodeState
@@ -69,10 +70,10 @@ def wide_allowed(gpus: int, nodes: int, node_gpus: int, max_extension: float) ->
     return nodes * node_gpus <= max_extension * gpus
 
 
-@dataclass(frozen=True, slots=True)
-class Busy:
+class Busy(NamedTuple):
     """A burst node: its GPUs, and for how long its work keeps it busy from now (0: idle; inf:
-    work of unknown duration)."""
+    work of unknown duration). (A named tuple: a plan builds one per burst node, and a tuple is
+    built in one C call where a frozen dataclass sets each field through Python.)"""
 
     node: str
     gpus: int
@@ -194,19 +195,23 @@ def busy_nodes(nodes: Iterable[Node], runs: Sequence[BurstRun], now: datetime,
     """The burst nodes up or on their way, and how long their work keeps them busy: a ready
     node's running jobs; a node still booting, the longest of the pending jobs it was launched
     for (``launched``: their runtimes by id; unknown: for ever), as those take it first."""
-    last = _last_runs(runs)
+    last = _last_runs(runs).get
+    ready = NodeState.READY
     out = []
     for n in nodes:
-        if n.state is NodeState.READY:
-            run = last.get(n.id)
+        state = n.state
+        if state is ready:
+            run = last(n.id)
             if run is None:
                 left = 0.0
             elif run.duration_s is None:
                 left = INF
             else:
-                left = max(0.0, (run.started_at - now).total_seconds() + float(run.duration_s))
+                left = (run.started_at - now).total_seconds() + float(run.duration_s)
+                if left < 0.0:
+                    left = 0.0
             out.append(Busy(n.id, n.gpus, left))
-        elif n.state.in_flight:
+        elif state.in_flight:
             longest = 0.0
             for job_id in n.launched_for:
                 if launched is not None and job_id in launched:
