@@ -18,7 +18,8 @@ Printed next to the replay, measured in the same process: the floor, the same tr
 on-prem only (the ``never`` baseline: the engine, the on-prem scheduler and the trace with no
 planner), so the ratio holds on a busy machine; and the peak RSS of the process
 (``resource.getrusage``: the trace, both replays and the interpreter). ``--profile`` prints the
-policy replay's cProfile, by internal and by cumulative time.
+policy replay's cProfile, by internal and by cumulative time, and writes it to the file
+``BURST_PROFILE_OUT`` names, if set (``pstats`` reads it back, e.g. to compare two policies).
 """
 
 from __future__ import annotations

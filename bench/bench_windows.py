@@ -1,8 +1,8 @@
 """Benchmark: policies compared on several windows of one trace and several seeds, on the full
 trace's on-prem sizing. Prints figures; not a test.
 
-    python bench/bench_windows.py --policy base=bench/policies/itp-default.yaml \\
-        --policy spare=bench/policies/itp-spare.yaml
+    python bench/bench_windows.py --policy base=bench/policies/itp-no-spare.yaml \\
+        --policy spare=bench/policies/itp-default.yaml
     python bench/bench_windows.py --days 10 --starts 0,10,20,30,40,50 --seeds 0,1 --policy ...
 
 One policy's cost moves by a few per cent with the simulator's seed (the boot draws), as much as

@@ -3,7 +3,7 @@ said of each the first time it saw it, in GPU-hours by class (``bench/burst_tall
 classes). Prints figures; not a test. Needs ``trigger.wait_model: nodes`` and displacement.
 
     python bench/burst_why.py --policy bench/policies/itp-default.yaml --node-gpus 4
-    python bench/burst_why.py --policy bench/policies/itp-spare.yaml --days 10
+    python bench/burst_why.py --policy bench/policies/itp-no-spare.yaml --days 10
 
 It wraps the planner's ``split_on_nodes`` and ``_displace`` (read-only: it records, it changes
 no decision). Keys, for each burst job:

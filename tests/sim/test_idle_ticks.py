@@ -7,8 +7,8 @@ every skipped tick planned and checked (``IdleMode.CHECK``) no plan does anythin
 statement said it would not.
 
 Slices: the ITP sample and a day of the full ITP trace under the sized default (the node wait
-model and displacement), with capacity errors and spot interruptions, and with
-``trigger.spare_room`` (``itp-spare``); the ITP sample under the
+model, displacement and ``trigger.spare_room``), with capacity errors and spot interruptions,
+and without ``spare_room`` (``itp-no-spare``); the ITP sample under the
 pooled wait model (``itp-ondemand``) and under a trigger that waits for the oldest job
 (``itp-wait``); the ITP sample, the Alibaba trace and Philly's days 30-32 under the shipped
 default (``limits.max_nodes`` binding; the simulator's queue reports its nodes, so the node model
@@ -82,10 +82,11 @@ def test_the_itp_sample_under_the_sized_default(node_gpus):
     _assert_same(_replay_modes(load_policy(ITP_DEFAULT), SAMPLE, node_gpus), slept=True)
 
 
-def test_the_itp_sample_under_spare_room():
-    # trigger.spare_room's holds claim: skipped ticks' plans keep the same jobs (checked too).
-    spare = ITP_DEFAULT.parent / "itp-spare.yaml"
-    _assert_same(_replay_modes(load_policy(spare), SAMPLE, 4), slept=True)
+def test_the_itp_sample_without_spare_room():
+    # The sized default keeps its kept jobs off spare room (trigger.spare_room: its holds claim,
+    # skipped ticks' plans keep the same jobs, checked too); without the rule, longest-first alone.
+    no_spare = ITP_DEFAULT.parent / "itp-no-spare.yaml"
+    _assert_same(_replay_modes(load_policy(no_spare), SAMPLE, 4), slept=True)
 
 
 def test_the_itp_sample_with_capacity_errors_and_spot_interruptions():
