@@ -97,6 +97,7 @@ from typing import Any
 from orchestrator.fabric.bootstrap import ENV_NAMES, Bootstrap
 from orchestrator.fabric.gpu_sampler import GuardedSampler, choose_sampler
 from orchestrator.fabric.node_facts import GpuInventory, NoticeWatcher, gpu_inventory
+from orchestrator.isotime import TimeFormatError, parse_aware
 from orchestrator.logs import JsonFormatter, LogFormat
 from orchestrator.fabric.results import (
     ResultBox,
@@ -1047,12 +1048,11 @@ def _finish(job_id: str, outcome: str, exit_code: int | None, attempt: int | Non
 def _parse_deadline(value: Any) -> datetime | None:
     if not value:
         return None
-    try:
-        deadline = datetime.fromisoformat(str(value))
-    except ValueError:
+    try:  # (the controller writes UTC: a naive time is read as such)
+        return parse_aware(str(value), "drain deadline", assume_utc=True)
+    except TimeFormatError:
         log.warning("ignoring unparseable drain deadline %r", value)
         return None
-    return deadline if deadline.tzinfo is not None else deadline.replace(tzinfo=UTC)
 
 
 class _Redact(logging.Filter):

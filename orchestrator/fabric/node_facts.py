@@ -36,6 +36,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from orchestrator.isotime import TimeFormatError, parse_aware
+
 log = logging.getLogger("burst.agent")
 
 PROBE_ENV = "BURST_GPU_PROBE"
@@ -174,13 +176,11 @@ def poll_notice(kind: str, url: str, default_deadline_s: float,
     if not isinstance(document, dict) or "action" not in document:
         return None
     deadline = now + timedelta(seconds=default_deadline_s)
-    try:
-        if document.get("time"):
-            deadline = datetime.fromisoformat(str(document["time"]).replace("Z", "+00:00"))
-            if deadline.tzinfo is None:
-                deadline = deadline.replace(tzinfo=UTC)
-    except ValueError:
-        pass
+    if document.get("time"):
+        try:  # (the metadata service writes UTC; a time it garbles leaves the default deadline)
+            deadline = parse_aware(str(document["time"]), "instance-action time", assume_utc=True)
+        except TimeFormatError:
+            pass
     return Notice("aws", str(document["action"]), deadline)
 
 

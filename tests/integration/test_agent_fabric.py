@@ -161,6 +161,13 @@ def test_notice_formats_of_aws_and_gcp(metadata):
     notice = poll_notice("aws", aws, 30, now)
     assert notice.source == "aws" and notice.action == "terminate"
     assert notice.deadline == now + timedelta(minutes=2)
+    # The one ISO parser reads it (orchestrator.isotime): a naive time is the service's UTC, a
+    # garbled or absurd one leaves the default deadline.
+    metadata.aws_notice = {"action": "terminate", "time": "2026-01-01T00:03:00"}
+    assert poll_notice("aws", aws, 30, now).deadline == now + timedelta(minutes=3)
+    for garbled in ("soon", "0001-01-01T00:00:00Z", "9" * 100):
+        metadata.aws_notice = {"action": "stop", "time": garbled}
+        assert poll_notice("aws", aws, 30, now).deadline == now + timedelta(seconds=30)
     assert poll_notice("gcp", gcp, 30, now) is None  # FALSE
     metadata.gcp_preempted = True
     notice = poll_notice("gcp", gcp, 30, now)
